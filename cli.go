@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/mount"
+)
+
+// Exit codes of the leasefs command.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+	exitHeld  = 3
+)
+
+// version is the leasefs release; overridden with -ldflags "-X main.version=…".
+var version = "0.1.0-dev"
+
+// usageError marks errors in the command line.
+type usageError struct{ error }
+
+// run executes the leasefs command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "leasefs:", err)
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "Run 'leasefs --help' for usage.")
+		return exitUsage
+	case errors.Is(err, leasecore.ErrLockHeld):
+		return exitHeld
+	}
+	return exitError
+}
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "leasefs",
+		Short:         "Exclusive writer leases as files: a FUSE lease directory",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newMountCmd(stderr), newLsCmd(stdout), newHistoryCmd(stdout), newVersionCmd(stdout))
+	return root
+}
+
+// args wraps a cobra argument validator so that its errors are usage errors.
+func args(v cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if err := v(cmd, a); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+func newMountCmd(stderr io.Writer) *cobra.Command {
+	var opts mount.Options
+	var debug bool
+	cmd := &cobra.Command{
+		Use:   "mount [flags] MOUNTPOINT",
+		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
+		Args:  args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			opts.Mountpoint = a[0]
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			opts.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			return mount.Run(cmd.Context(), opts)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.StateDir, "state", mount.DefaultStateDir(), "state directory of the lease store")
+	f.DurationVar(&opts.LeaseDuration, "lease-duration", leasecore.DefaultLeaseDuration, "heartbeat TTL of token leases")
+	f.BoolVar(&opts.AllowOther, "allow-other", false, "let other users use the mount (permissions enforced per uid)")
+	f.IntVar(&opts.MaxLeasesPerUID, "max-leases-per-uid", leasecore.DefaultMaxLeasesPerUID, "live leases one uid may hold")
+	f.IntVar(&opts.HistoryKeep, "history-keep", leasecore.DefaultHistoryKeep, "ended lease records to keep")
+	f.BoolVar(&debug, "debug", false, "log debug messages")
+	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")
+	return cmd
+}
+
+// openReadOnly opens the store at state for reading under its shared lock.
+func openReadOnly(state string) (*leasecore.FileStore, error) {
+	return leasecore.OpenFileStore(state, leasecore.Options{
+		ReadOnly: true,
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+}
+
+// leaseJSON is the JSON form of a lease in "ls --json" and "history --json":
+// the status document's keys (SPEC §4.1).
+type leaseJSON struct {
+	Resource         string     `json:"resource"`
+	LeaseID          string     `json:"lease_id"`
+	Status           string     `json:"status"`
+	Mode             string     `json:"mode"`
+	Generation       uint64     `json:"generation"`
+	HolderUID        uint32     `json:"holder_uid"`
+	HolderPID        int        `json:"holder_pid"`
+	Host             string     `json:"host,omitempty"`
+	StartedAt        time.Time  `json:"started_at"`
+	HeartbeatAt      time.Time  `json:"heartbeat_at"`
+	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
+	CompletedAt      *time.Time `json:"completed_at,omitempty"`
+	PID              int        `json:"pid,omitempty"`
+	ActorSessionID   string     `json:"actor_session_id,omitempty"`
+	TaskAssignmentID string     `json:"task_assignment_id,omitempty"`
+	Client           string     `json:"client,omitempty"`
+	TakeoverBy       string     `json:"takeover_requested_by,omitempty"`
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func toJSON(l leasecore.Lease) leaseJSON {
+	return leaseJSON{
+		Resource: l.Resource, LeaseID: l.ID, Status: string(l.Status), Mode: string(l.Mode),
+		Generation: l.Generation, HolderUID: l.HolderUID, HolderPID: l.HolderPID, Host: l.Host,
+		StartedAt: l.StartedAt, HeartbeatAt: l.HeartbeatAt, ExpiresAt: optTime(l.ExpiresAt),
+		CompletedAt: optTime(l.CompletedAt), PID: l.PID, ActorSessionID: l.ActorSessionID,
+		TaskAssignmentID: l.TaskAssignmentID, Client: l.Client, TakeoverBy: l.TakeoverRequestedBy,
+	}
+}
+
+func writeJSON(w io.Writer, leases []leasecore.Lease) error {
+	out := make([]leaseJSON, 0, len(leases))
+	for _, l := range leases {
+		out = append(out, toJSON(l))
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// age renders a duration for tables, rounded to seconds.
+func age(d time.Duration) string {
+	if d < 0 {
+		return "-" + d.Abs().Round(time.Second).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func newLsCmd(stdout io.Writer) *cobra.Command {
+	var state string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls [--state DIR] [--json]",
+		Short: "List live leases: resource, mode, holder, generation, age, expiry",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := openReadOnly(state)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			leases, err := s.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(stdout, leases)
+			}
+			now := time.Now()
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RESOURCE\tMODE\tUID\tPID\tGENERATION\tAGE\tEXPIRES IN")
+			for _, l := range leases {
+				expires := "-"
+				if !l.ExpiresAt.IsZero() {
+					expires = age(l.ExpiresAt.Sub(now))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", l.Resource, l.Mode, l.HolderUID,
+					l.HolderPID, l.Generation, age(now.Sub(l.StartedAt)), expires)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newHistoryCmd(stdout io.Writer) *cobra.Command {
+	var state string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "history [--state DIR] [RESOURCE] [--json]",
+		Short: "List ended leases, newest first",
+		Args:  args(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			resource := ""
+			if len(a) == 1 {
+				resource = a[0]
+			}
+			s, err := openReadOnly(state)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			leases, err := s.History(cmd.Context(), resource)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(stdout, leases)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "RESOURCE\tSTATUS\tMODE\tUID\tGENERATION\tSTARTED\tENDED")
+			for _, l := range leases {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", l.Resource, l.Status, l.Mode, l.HolderUID,
+					l.Generation, l.StartedAt.Format(time.RFC3339), l.CompletedAt.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newVersionCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print version and build information",
+		Args:  args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintf(stdout, "leasefs %s\n", version)
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				fmt.Fprintf(stdout, "go: %s\nmodule: %s\n", bi.GoVersion, bi.Main.Path)
+				for _, s := range bi.Settings {
+					if s.Key == "vcs.revision" || s.Key == "vcs.time" || s.Key == "vcs.modified" {
+						fmt.Fprintf(stdout, "%s: %s\n", s.Key, s.Value)
+					}
+				}
+			}
+			return nil
+		},
+	}
+}

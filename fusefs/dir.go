@@ -1,0 +1,263 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// dirNode is the root or a namespace directory: mode 01777 (world-writable
+// and sticky, like /tmp, SPEC §7).
+type dirNode struct {
+	fs.Inode
+	fsys *FS
+	path string // "" for the root
+}
+
+var (
+	_ = (fs.NodeLookuper)((*dirNode)(nil))
+	_ = (fs.NodeGetattrer)((*dirNode)(nil))
+	_ = (fs.NodeSetattrer)((*dirNode)(nil))
+	_ = (fs.NodeReaddirer)((*dirNode)(nil))
+	_ = (fs.NodeCreater)((*dirNode)(nil))
+	_ = (fs.NodeUnlinker)((*dirNode)(nil))
+	_ = (fs.NodeMkdirer)((*dirNode)(nil))
+	_ = (fs.NodeRmdirer)((*dirNode)(nil))
+	_ = (fs.NodeRenamer)((*dirNode)(nil))
+	_ = (fs.NodeLinker)((*dirNode)(nil))
+	_ = (fs.NodeSymlinker)((*dirNode)(nil))
+	_ = (fs.NodeMknoder)((*dirNode)(nil))
+	_ = (fs.NodeStatfser)((*dirNode)(nil))
+	_ = (fs.NodeGetxattrer)((*dirNode)(nil))
+	_ = (fs.NodeListxattrer)((*dirNode)(nil))
+)
+
+// dirMode is the mode of every directory.
+const dirMode = syscall.S_IFDIR | syscall.S_ISVTX | 0o777
+
+// attr fills the attributes of the directory.
+func (d *dirNode) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
+	a.Ino = d.fsys.dirIno(d.path)
+	a.Mode = dirMode
+	a.Nlink = 2
+	a.Blksize = 4096
+	created := d.fsys.started
+	if d.path == "" {
+		a.Uid, a.Gid = d.fsys.opts.RootUID, d.fsys.opts.RootGID
+	} else {
+		ns, err := d.fsys.store.Namespace(ctx, d.path)
+		if err != nil {
+			// The namespace was removed behind this node: make the
+			// kernel look the path up again.
+			return syscall.ESTALE
+		}
+		a.Uid, a.Gid = ns.UID, ns.GID
+		created = ns.CreatedAt
+	}
+	a.SetTimes(&created, &created, &created)
+	return 0
+}
+
+// Getattr returns the directory's attributes; ESTALE when the namespace was
+// removed.
+func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	return d.attr(ctx, &out.Attr)
+}
+
+// Setattr accepts time changes as no-ops (touch) and refuses mode, owner
+// and size changes with EPERM (SPEC §3).
+func (d *dirNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE) != 0 {
+		return d.fsys.refuse("setattr", d.path, callerOf(ctx), syscall.EPERM, "namespaces keep mode 01777 and their owner")
+	}
+	return d.attr(ctx, &out.Attr)
+}
+
+// childDir returns the inode of namespace ns below d.
+func (d *dirNode) childDir(ctx context.Context, ns leasecore.Namespace, out *fuse.EntryOut) *fs.Inode {
+	child := &dirNode{fsys: d.fsys, path: ns.Path}
+	ino := d.fsys.dirIno(ns.Path)
+	_ = child.attrFrom(ns, &out.Attr, ino)
+	return d.NewInode(ctx, child, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
+}
+
+// attrFrom fills a for namespace ns without asking the store.
+func (d *dirNode) attrFrom(ns leasecore.Namespace, a *fuse.Attr, ino uint64) error {
+	a.Ino, a.Mode, a.Nlink, a.Blksize = ino, dirMode, 2, 4096
+	a.Uid, a.Gid = ns.UID, ns.GID
+	a.SetTimes(&ns.CreatedAt, &ns.CreatedAt, &ns.CreatedAt)
+	return nil
+}
+
+// childLease returns the inode of lease l below d.
+func (d *dirNode) childLease(ctx context.Context, l leasecore.Lease, out *fuse.EntryOut) *fs.Inode {
+	fillLeaseAttr(l, &out.Attr)
+	node := &leaseNode{fsys: d.fsys, id: l.ID, resource: l.Resource}
+	return d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: leaseIno(l)})
+}
+
+// Lookup finds a namespace or a live lease named name. Errors: ENOENT,
+// EINVAL and ENAMETOOLONG for invalid names.
+func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if err := leasecore.ValidateName(name); err != nil {
+		return nil, toErrno(err)
+	}
+	resource := joinResource(d.path, name)
+	if ns, err := d.fsys.store.Namespace(ctx, resource); err == nil {
+		return d.childDir(ctx, ns, out), 0
+	}
+	l, err := d.fsys.store.Live(ctx, resource)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return d.childLease(ctx, l, out), 0
+}
+
+// Readdir lists the namespaces and live leases of d from one snapshot of
+// the store.
+func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	nss, leases, err := d.fsys.store.ListDir(ctx, d.path)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	entries := make([]fuse.DirEntry, 0, len(nss)+len(leases))
+	for _, ns := range nss {
+		_, name := splitResource(ns.Path)
+		entries = append(entries, fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: d.fsys.dirIno(ns.Path)})
+	}
+	for _, l := range leases {
+		_, name := splitResource(l.Resource)
+		entries = append(entries, fuse.DirEntry{Name: name, Mode: syscall.S_IFREG, Ino: leaseIno(l)})
+	}
+	return fs.NewListDirStream(entries), 0
+}
+
+// Create reserves a token lease on name for the caller (SPEC §3). When the
+// name has a live lease: EEXIST with O_EXCL; otherwise the existing lease is
+// opened and nothing is reserved (EACCES for a non-holder opening it for
+// writing). Other errors: EISDIR for a namespace, EDQUOT over the per-uid
+// limit, EINVAL/ENAMETOOLONG for invalid names, ENOSPC/EIO when the store
+// cannot persist.
+func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	c := callerOf(ctx)
+	resource := joinResource(d.path, name)
+	if err := leasecore.ValidateName(name); err != nil {
+		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
+	}
+	g, err := d.fsys.store.Reserve(ctx, leasecore.Draft{
+		Resource:  resource,
+		HolderUID: c.uid,
+		HolderGID: c.gid,
+		HolderPID: c.pid,
+	})
+	var held *leasecore.LeaseHeldError
+	switch {
+	case errors.As(err, &held):
+		if flags&syscall.O_EXCL != 0 {
+			return nil, nil, 0, d.fsys.refuse("create", resource, c, syscall.EEXIST, "held by lease "+held.Holder.ID)
+		}
+		if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.mayHold(held.Holder) {
+			return nil, nil, 0, d.fsys.refuse("open", resource, c, syscall.EACCES, "not the holder uid")
+		}
+		node := d.childLease(ctx, held.Holder, out)
+		return node, newHandle(d.fsys, held.Holder, false), fuse.FOPEN_DIRECT_IO, 0
+	case err != nil:
+		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
+	}
+	d.fsys.rememberToken(g.Lease.ID, g.Token)
+	d.fsys.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
+		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.pid)
+	node := d.childLease(ctx, g.Lease, out)
+	return node, newHandle(d.fsys, g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Unlink releases the live lease on name as complete (SPEC §3). Errors:
+// ENOENT when there is none, EPERM when the caller is neither the holder
+// uid nor root.
+func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
+	c := callerOf(ctx)
+	resource := joinResource(d.path, name)
+	l, err := d.fsys.store.Live(ctx, resource)
+	if err != nil {
+		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
+	}
+	if !c.mayHold(l) {
+		return d.fsys.refuse("unlink", resource, c, syscall.EPERM, "not the holder uid")
+	}
+	if _, err := d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
+		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
+	}
+	d.fsys.forgetToken(l.ID)
+	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.pid)
+	return 0
+}
+
+// Mkdir creates namespace name (SPEC §3). Errors: EEXIST, EINVAL,
+// ENAMETOOLONG, ENOSPC/EIO.
+func (d *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	c := callerOf(ctx)
+	resource := joinResource(d.path, name)
+	if err := leasecore.ValidateName(name); err != nil {
+		return nil, d.fsys.refuse("mkdir", resource, c, toErrno(err), err)
+	}
+	ns, err := d.fsys.store.Mkdir(ctx, resource, c.uid, c.gid)
+	if err != nil {
+		return nil, d.fsys.refuse("mkdir", resource, c, toErrno(err), err)
+	}
+	return d.childDir(ctx, ns, out), 0
+}
+
+// Rmdir removes an empty namespace. Errors: ENOENT, ENOTEMPTY while it holds
+// live leases or namespaces.
+func (d *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
+	c := callerOf(ctx)
+	resource := joinResource(d.path, name)
+	if err := d.fsys.store.Rmdir(ctx, resource); err != nil {
+		return d.fsys.refuse("rmdir", resource, c, toErrno(err), err)
+	}
+	d.fsys.dropDirIno(resource)
+	return 0
+}
+
+// Rename is refused with EPERM: a lease is bound to its name (SPEC §3).
+func (d *dirNode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return d.fsys.refuse("rename", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "leases cannot be renamed")
+}
+
+// Link is refused with EPERM (SPEC §3).
+func (d *dirNode) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.refuse("link", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "leases cannot be linked")
+}
+
+// Symlink is refused with EPERM (SPEC §3).
+func (d *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.refuse("symlink", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "no symlinks in a lease directory")
+}
+
+// Mknod is refused with EPERM (SPEC §3).
+func (d *dirNode) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.refuse("mknod", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "no device or fifo nodes in a lease directory")
+}
+
+// Statfs reports a filesystem with 255-byte names.
+func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	out.Bsize, out.Frsize, out.NameLen = 4096, 4096, leasecore.MaxNameLen
+	out.Files = 1 << 32
+	out.Ffree = 1 << 31
+	return 0
+}
+
+// Getxattr: directories have no lease attributes (ENODATA).
+func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	return 0, syscall.ENODATA
+}
+
+// Listxattr: directories have no attributes.
+func (d *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	return 0, 0
+}

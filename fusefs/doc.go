@@ -1,0 +1,31 @@
+// Package fusefs maps the FUSE protocol onto a [leasecore.Store]: every
+// regular file in the mount is one live lease named by its resource, and
+// every directory a namespace (SPEC §3).
+//
+// # Nodes
+//
+// [FS] owns the shared state (the store, tokens not yet revealed, inode
+// numbers of namespaces, the queue of kernel invalidations). dirNode serves
+// the root and the namespaces: lookup, create (reserve), unlink (release),
+// mkdir, rmdir, readdir. leaseNode serves one lease: getattr, setattr,
+// open, xattrs. leaseHandle is one open file description: reads (token once,
+// then the status document) and writes (renew, commands).
+//
+// # Identity
+//
+// A lease node's inode number is derived from the lease's generation, so it
+// is never reused, and a handle is bound to the lease id it was opened on:
+// once that lease ends the handle answers ESTALE (SPEC §3).
+//
+// # Invalidations
+//
+// Kernel notifications (NotifyDelete) are sent only from the goroutine of
+// [FS.Run], never inside a FUSE handler and with no lock held, because a
+// notification sent from a handler deadlocks the kernel (FUSE-NOTES.md).
+//
+// # Errors
+//
+// errno.go maps leasecore errors to errno in one place (SPEC §9); every
+// refusal is logged as one line naming the operation, resource, caller and
+// reason.
+package fusefs

@@ -1,0 +1,44 @@
+package fusefs
+
+import (
+	"errors"
+	"syscall"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// toErrno maps a store error to the errno of SPEC §9. Unknown errors become
+// EIO; persistence failures keep ENOSPC (and EDQUOT, EROFS) from the disk.
+func toErrno(err error) syscall.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, leasecore.ErrHeld), errors.Is(err, leasecore.ErrExists):
+		return syscall.EEXIST
+	case errors.Is(err, leasecore.ErrNotFound), errors.Is(err, leasecore.ErrNoNamespace):
+		return syscall.ENOENT
+	case errors.Is(err, leasecore.ErrTokenMismatch):
+		return syscall.EACCES
+	case errors.Is(err, leasecore.ErrInactive):
+		return syscall.ESTALE
+	case errors.Is(err, leasecore.ErrNameTooLong):
+		return syscall.ENAMETOOLONG
+	case errors.Is(err, leasecore.ErrInvalidName), errors.Is(err, leasecore.ErrInvalidID),
+		errors.Is(err, leasecore.ErrInvalidArgument):
+		return syscall.EINVAL
+	case errors.Is(err, leasecore.ErrQuota):
+		return syscall.EDQUOT
+	case errors.Is(err, leasecore.ErrNotEmpty):
+		return syscall.ENOTEMPTY
+	case errors.Is(err, leasecore.ErrIsNamespace):
+		return syscall.EISDIR
+	case errors.Is(err, leasecore.ErrReadOnly):
+		return syscall.EROFS
+	case errors.Is(err, syscall.ENOSPC):
+		return syscall.ENOSPC
+	case errors.Is(err, syscall.EDQUOT):
+		return syscall.ENOSPC
+	default:
+		return syscall.EIO
+	}
+}

@@ -1,0 +1,291 @@
+package fusefs
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// Inode number ranges: namespaces count up from firstDirIno; a lease's
+// inode is leaseInoBase plus its generation, so it is never reused.
+const (
+	firstDirIno  = 2
+	leaseInoBase = 1 << 40
+)
+
+// Options configure [New]. The zero value works.
+type Options struct {
+	// Logger receives one line per refused operation; default slog.Default().
+	Logger *slog.Logger
+	// ReapInterval is how often [FS.Run] ends dead leases; default a tenth
+	// of the lease duration, clamped to [50ms, 1s].
+	ReapInterval time.Duration
+	// RootUID and RootGID own the root directory; default the daemon's.
+	RootUID, RootGID uint32
+}
+
+// FS is the lease filesystem over one store. Create it with [New], serve
+// [FS.RawFileSystem] with a fuse.Server, then call [FS.Run] once the mount is
+// up. Its methods are safe for concurrent use.
+type FS struct {
+	store   leasecore.Store
+	log     *slog.Logger
+	opts    Options
+	started time.Time
+	root    *dirNode
+
+	mu      sync.Mutex
+	tokens  map[string]string // lease id → token not yet revealed (SPEC §3)
+	dirInos map[string]uint64 // namespace path → inode number
+	nextIno uint64
+
+	// gone queues leases ended by a handler other than unlink, for
+	// [FS.Run] to remove from the kernel's view.
+	gone chan leasecore.Lease
+}
+
+// New returns the filesystem for store.
+func New(store leasecore.Store, opts Options) *FS {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ReapInterval <= 0 {
+		opts.ReapInterval = min(max(store.LeaseDuration()/10, 50*time.Millisecond), time.Second)
+	}
+	if opts.RootUID == 0 && opts.RootGID == 0 {
+		opts.RootUID, opts.RootGID = uint32(os.Getuid()), uint32(os.Getgid())
+	}
+	f := &FS{
+		store:   store,
+		log:     opts.Logger,
+		opts:    opts,
+		started: time.Now(),
+		tokens:  make(map[string]string),
+		dirInos: make(map[string]uint64),
+		nextIno: firstDirIno,
+		gone:    make(chan leasecore.Lease, 1024),
+	}
+	f.root = &dirNode{fsys: f}
+	return f
+}
+
+// RawFileSystem returns the FUSE protocol server of the tree, with entry,
+// attribute and negative timeouts of zero so that every path walk asks the
+// daemon and out-of-band changes are seen at once (FUSE-NOTES.md).
+func (f *FS) RawFileSystem() fuse.RawFileSystem {
+	zero := time.Duration(0)
+	return fs.NewNodeFS(f.root, &fs.Options{
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		UID:             f.opts.RootUID,
+		GID:             f.opts.RootGID,
+	})
+}
+
+// Run ends dead leases every ReapInterval and removes leases ended outside
+// unlink from the kernel's view, until ctx is done. Call it once, after the
+// mount is serving. It is the only place that sends kernel notifications.
+func (f *FS) Run(ctx context.Context) {
+	tick := time.NewTicker(f.opts.ReapInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case l := <-f.gone:
+			f.invalidate(l)
+		case <-tick.C:
+			ended, err := f.store.Reap(ctx)
+			if err != nil && ctx.Err() == nil {
+				f.log.Error("reap failed", "err", err)
+			}
+			for _, l := range ended {
+				f.forgetToken(l.ID)
+				f.invalidate(l)
+			}
+		}
+	}
+}
+
+// ended records that a handler ended l: the token is forgotten and the
+// kernel's entry is invalidated later by [FS.Run]. Never blocks.
+func (f *FS) ended(l leasecore.Lease) {
+	f.forgetToken(l.ID)
+	select {
+	case f.gone <- l:
+	default:
+		// Zero entry timeouts keep the kernel correct without the
+		// notification; only inotify watchers miss IN_DELETE_SELF.
+	}
+}
+
+// invalidate removes l's entry from the kernel's dentry cache if the kernel
+// still knows it under that inode. Called only from Run.
+func (f *FS) invalidate(l leasecore.Lease) {
+	parent := f.root.EmbeddedInode()
+	dir, name := splitResource(l.Resource)
+	if dir != "" {
+		for part := range strings.SplitSeq(dir, "/") {
+			if parent = parent.GetChild(part); parent == nil {
+				return
+			}
+		}
+	}
+	child := parent.GetChild(name)
+	if child == nil || child.StableAttr().Ino != leaseIno(l) {
+		return
+	}
+	if errno := parent.NotifyDelete(name, child); errno != 0 && errno != syscall.ENOENT {
+		f.log.Debug("notify delete failed", "resource", l.Resource, "errno", errno)
+	}
+}
+
+func (f *FS) rememberToken(id, token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tokens[id] = token
+}
+
+// takeToken returns and forgets the unrevealed token of lease id.
+func (f *FS) takeToken(id string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.tokens[id]
+	delete(f.tokens, id)
+	return t, ok
+}
+
+func (f *FS) forgetToken(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.tokens, id)
+}
+
+// dirIno returns the inode number of namespace path, allocating one.
+func (f *FS) dirIno(path string) uint64 {
+	if path == "" {
+		return fuse.FUSE_ROOT_ID
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ino, ok := f.dirInos[path]
+	if !ok {
+		ino = f.nextIno
+		f.nextIno++
+		f.dirInos[path] = ino
+	}
+	return ino
+}
+
+// dropDirIno forgets a removed namespace's inode so a new namespace of the
+// same name gets a new one.
+func (f *FS) dropDirIno(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.dirInos, path)
+}
+
+// leaseIno is the inode number of lease l: fixed for the lease, never
+// reused, since generations strictly increase (SPEC §1, §3).
+func leaseIno(l leasecore.Lease) uint64 { return leaseInoBase + l.Generation }
+
+// splitResource splits "a/b/c" into ("a/b", "c").
+func splitResource(resource string) (dir, name string) {
+	if i := strings.LastIndexByte(resource, '/'); i >= 0 {
+		return resource[:i], resource[i+1:]
+	}
+	return "", resource
+}
+
+// joinResource joins a namespace path and a name.
+func joinResource(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// caller is the identity of the process behind a FUSE request.
+type caller struct {
+	uid, gid uint32
+	pid      int // process (thread group) id, 0 when unknown
+}
+
+// callerOf returns the caller of the request in ctx. FUSE reports the
+// calling thread; it is mapped to its process (FUSE-NOTES.md).
+func callerOf(ctx context.Context) caller {
+	c, ok := fuse.FromContext(ctx)
+	if !ok {
+		return caller{}
+	}
+	return caller{uid: c.Uid, gid: c.Gid, pid: leasecore.ProcessTgid(int(c.Pid))}
+}
+
+// mayHold reports whether c may act as the holder of l: the holder uid or
+// root (SPEC §7).
+func (c caller) mayHold(l leasecore.Lease) bool { return c.uid == 0 || c.uid == l.HolderUID }
+
+// refuse logs one line for a refused operation and returns errno.
+func (f *FS) refuse(op, resource string, c caller, errno syscall.Errno, reason any) syscall.Errno {
+	f.log.Warn("refused", "op", op, "resource", resource, "pid", c.pid, "uid", c.uid,
+		"errno", errnoName(errno), "reason", reason)
+	return errno
+}
+
+// errnoName renders errno as its symbolic name, e.g. "EACCES".
+func errnoName(e syscall.Errno) string {
+	switch e {
+	case syscall.EEXIST:
+		return "EEXIST"
+	case syscall.EACCES:
+		return "EACCES"
+	case syscall.EPERM:
+		return "EPERM"
+	case syscall.ESTALE:
+		return "ESTALE"
+	case syscall.EINVAL:
+		return "EINVAL"
+	case syscall.ENAMETOOLONG:
+		return "ENAMETOOLONG"
+	case syscall.EFBIG:
+		return "EFBIG"
+	case syscall.ENOTEMPTY:
+		return "ENOTEMPTY"
+	case syscall.EDQUOT:
+		return "EDQUOT"
+	case syscall.ENOENT:
+		return "ENOENT"
+	case syscall.ENOSPC:
+		return "ENOSPC"
+	case syscall.EIO:
+		return "EIO"
+	}
+	return e.Error()
+}
+
+// fillLeaseAttr sets the attributes of lease l (SPEC §3 stat row).
+func fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
+	a.Ino = leaseIno(l)
+	a.Mode = syscall.S_IFREG | 0o644
+	a.Nlink = 1
+	a.Uid, a.Gid = l.HolderUID, l.HolderGID
+	a.Size = uint64(len(leasecore.StatusDocument(l, 0)))
+	a.Blksize = 4096
+	ctime := l.HeartbeatAt
+	for _, t := range []time.Time{l.TakeoverRequestedAt, l.CompletedAt} {
+		if t.After(ctime) {
+			ctime = t
+		}
+	}
+	a.SetTimes(&l.HeartbeatAt, &l.HeartbeatAt, &ctime)
+}

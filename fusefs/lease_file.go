@@ -1,0 +1,160 @@
+package fusefs
+
+import (
+	"context"
+	"strings"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// XattrPrefix prefixes the extended attributes that expose the status
+// fields, e.g. "user.lease.status" (SPEC §3).
+const XattrPrefix = "user.lease."
+
+// leaseNode is the inode of one lease. It holds only the lease id: the
+// state lives in the store. Once the lease ends the node answers ESTALE, and
+// the kernel looks the name up again (FUSE-NOTES.md).
+type leaseNode struct {
+	fs.Inode
+	fsys     *FS
+	id       string
+	resource string
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*leaseNode)(nil))
+	_ = (fs.NodeSetattrer)((*leaseNode)(nil))
+	_ = (fs.NodeOpener)((*leaseNode)(nil))
+	_ = (fs.NodeGetxattrer)((*leaseNode)(nil))
+	_ = (fs.NodeListxattrer)((*leaseNode)(nil))
+	_ = (fs.NodeSetxattrer)((*leaseNode)(nil))
+	_ = (fs.NodeRemovexattrer)((*leaseNode)(nil))
+)
+
+// live returns the node's lease if it is still live.
+func (n *leaseNode) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
+	l, err := n.fsys.store.Load(ctx, n.id)
+	if err != nil {
+		return l, toErrno(err)
+	}
+	if !l.Live() {
+		return l, syscall.ESTALE
+	}
+	return l, 0
+}
+
+// Getattr returns the lease's attributes (SPEC §3 stat row); ESTALE once it
+// has ended.
+func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	l, errno := n.live(ctx)
+	if errno != 0 {
+		return errno
+	}
+	fillLeaseAttr(l, &out.Attr)
+	return 0
+}
+
+// Setattr accepts truncation to zero (O_TRUNC) and time changes (touch) from
+// the holder uid or root as no-ops; any other change, or any change by
+// another uid, is refused with EPERM (SPEC §3).
+func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	c := callerOf(ctx)
+	l, errno := n.live(ctx)
+	if errno != 0 {
+		return n.fsys.refuse("setattr", n.resource, c, errno, "lease ended")
+	}
+	if !c.mayHold(l) {
+		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "not the holder uid")
+	}
+	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID) != 0 {
+		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "chmod and chown are not supported on leases")
+	}
+	if size, ok := in.GetSize(); ok && size != 0 {
+		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "only truncation to zero is accepted")
+	}
+	fillLeaseAttr(l, &out.Attr)
+	return 0
+}
+
+// Open opens the lease with direct I/O, binding the handle to the lease it
+// was opened on. Errors: ESTALE when the lease has ended.
+func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	l, errno := n.live(ctx)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	c := callerOf(ctx)
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.mayHold(l) {
+		return nil, 0, n.fsys.refuse("open", n.resource, c, syscall.EACCES, "not the holder uid")
+	}
+	return newHandle(n.fsys, l, false), fuse.FOPEN_DIRECT_IO, 0
+}
+
+// xattrValue returns the value of attribute name of l.
+func xattrValue(l leasecore.Lease, name string) (string, bool) {
+	key, ok := strings.CutPrefix(name, XattrPrefix)
+	if !ok {
+		return "", false
+	}
+	for _, f := range leasecore.StatusFields(l, 0) {
+		if f.Key == key {
+			return f.Raw, true
+		}
+	}
+	return "", false
+}
+
+// Getxattr returns status field "user.lease.<field>" (SPEC §3). Errors:
+// ENODATA for unknown names, ERANGE when dest is too small, ESTALE once the
+// lease has ended.
+func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	l, errno := n.live(ctx)
+	if errno != 0 {
+		return 0, errno
+	}
+	v, ok := xattrValue(l, attr)
+	if !ok {
+		return 0, syscall.ENODATA
+	}
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+// Listxattr lists the status fields as "user.lease.<field>" names.
+func (n *leaseNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	l, errno := n.live(ctx)
+	if errno != 0 {
+		return 0, errno
+	}
+	var b strings.Builder
+	for _, f := range leasecore.StatusFields(l, 0) {
+		b.WriteString(XattrPrefix + f.Key)
+		b.WriteByte(0)
+	}
+	if len(dest) == 0 {
+		return uint32(b.Len()), 0
+	}
+	if len(dest) < b.Len() {
+		return uint32(b.Len()), syscall.ERANGE
+	}
+	return uint32(copy(dest, b.String())), 0
+}
+
+// Setxattr is refused with EPERM: the attributes are read-only.
+func (n *leaseNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return n.fsys.refuse("setxattr", n.resource, callerOf(ctx), syscall.EPERM, "lease attributes are read-only")
+}
+
+// Removexattr is refused with EPERM: the attributes are read-only.
+func (n *leaseNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return n.fsys.refuse("removexattr", n.resource, callerOf(ctx), syscall.EPERM, "lease attributes are read-only")
+}

@@ -1,0 +1,18 @@
+module github.com/leasefs/leasefs
+
+go 1.26.0
+
+require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/google/renameio/v2 v2.0.2
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/sys v0.50.0
+	lukechampine.com/blake3 v1.4.1
+)
+
+require (
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/klauspost/cpuid/v2 v2.0.9 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+)

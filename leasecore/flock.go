@@ -1,0 +1,439 @@
+package leasecore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/renameio/v2"
+	"golang.org/x/sys/unix"
+)
+
+// ErrLockHeld matches, under errors.Is, every *[HeldError] returned by
+// [AcquireFileLock]: the lock is held by another process or already by this
+// one.
+var ErrLockHeld = errors.New("leasecore: lock held")
+
+// HolderInfo identifies the holder of a [FileLock]. It is advisory metadata,
+// written as JSON next to the lock file; the kernel lock alone decides who
+// holds it (the reference session lease design). The zero value means
+// "unknown holder".
+type HolderInfo struct {
+	// PID is the holder's process id; 0 when unknown.
+	PID int `json:"pid"`
+	// BootID is the holder machine's boot id (see [BootID]); "" when unknown.
+	BootID string `json:"bootId"`
+	// Host is the holder's host name (see [Hostname]).
+	Host string `json:"host"`
+	// Client is a human label, e.g. "leasefs mount /mnt/leases".
+	Client string `json:"client"`
+	// StartedAt is when the holder acquired the lock (wall clock).
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// CurrentHolder describes this process as a lock holder labelled client:
+// its pid, [BootID], [Hostname] and the current wall-clock time as StartedAt.
+// It is safe for concurrent use.
+func CurrentHolder(client string) HolderInfo {
+	return HolderInfo{
+		PID:       os.Getpid(),
+		BootID:    BootID(),
+		Host:      Hostname(),
+		Client:    client,
+		StartedAt: time.Now(),
+	}
+}
+
+// String describes h for messages, e.g.
+// "leasefs mount /mnt/x (pid 123 on host vm, since 2026-11-30T02:00:00Z)".
+// Unknown parts (pid 0, empty host, zero StartedAt) are left out; the time is
+// printed in UTC, RFC 3339, to the second.
+func (h HolderInfo) String() string {
+	client := h.Client
+	if client == "" {
+		client = "unknown holder"
+	}
+	var parts []string
+	if h.PID != 0 {
+		p := "pid " + strconv.Itoa(h.PID)
+		if h.Host != "" {
+			p += " on host " + h.Host
+		}
+		parts = append(parts, p)
+	} else if h.Host != "" {
+		parts = append(parts, "on host "+h.Host)
+	}
+	if !h.StartedAt.IsZero() {
+		parts = append(parts, "since "+h.StartedAt.UTC().Format(time.RFC3339))
+	}
+	if len(parts) == 0 {
+		return client
+	}
+	return client + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// Dead reports whether h is certainly gone: it ran on this host (h.Host ==
+// [Hostname]) during this boot (h.BootID == [BootID], both non-empty), its pid
+// is positive, and kill(pid, 0) fails with ESRCH. It returns false whenever it
+// cannot be sure: another host or boot, unknown fields, or EPERM (the process
+// exists but belongs to another user). A pid reused by a newer process makes
+// it return false, and processes in another pid namespace of this host may be
+// misjudged; so, as in
+// the reference session lease design, Dead is a hint for diagnostics and for
+// skipping a takeover wait; the kernel lock remains the arbiter. It is safe
+// for concurrent use.
+func (h HolderInfo) Dead() bool {
+	if h.PID <= 0 || h.Host == "" || h.BootID == "" {
+		return false
+	}
+	if h.Host != Hostname() || h.BootID != BootID() {
+		return false
+	}
+	// kill(2) with signal 0 checks for existence without sending anything.
+	return errors.Is(unix.Kill(h.PID, 0), unix.ESRCH)
+}
+
+// bootID reads the boot id once per process; it cannot change while the
+// process runs.
+var bootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+})
+
+// BootID returns this machine's boot id, the trimmed content of
+// /proc/sys/kernel/random/boot_id (a UUID that changes at every boot), or ""
+// when it cannot be read (not Linux, no /proc). It is read once per process
+// and is safe for concurrent use.
+func BootID() string { return bootID() }
+
+// Hostname returns the host name reported by [os.Hostname], or "unknown-host"
+// when it fails or is empty. It is not cached (the host name can change) and
+// is safe for concurrent use.
+func Hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown-host"
+	}
+	return h
+}
+
+// HeldError reports that a [FileLock] is already held, and by whom. It matches
+// [ErrLockHeld] under errors.Is.
+type HeldError struct {
+	// Path is the lock file (absolute).
+	Path string
+	// Holder is the holder: this process's registration when SameProcess is
+	// set, otherwise the advisory metadata beside the lock, or
+	// HolderInfo{Client: "another process"} when that cannot be read.
+	Holder HolderInfo
+	// SameProcess is set when this very process holds the lock.
+	SameProcess bool
+}
+
+// Error names the lock file and its holder.
+func (e *HeldError) Error() string {
+	return "leasecore: " + e.Path + " is held by " + e.Holder.String()
+}
+
+// Is reports whether target is [ErrLockHeld].
+func (e *HeldError) Is(target error) bool { return target == ErrLockHeld }
+
+// FileLock is a held exclusive flock(2) lock on a lock file, such as the
+// single-daemon lock <state>/leasefs.lock. Beside it live the advisory holder
+// metadata, <path>.json (see [ReadHolder]), and takeover requests,
+// <path without ".lock">.takeover (see [WriteTakeoverRequest]).
+//
+// The kernel releases the lock when the holder closes it ([FileLock.Release])
+// or dies, so a crashed holder never blocks its successor and nothing expires
+// by time (flock(2); the reference session lease design). The lock file itself
+// is never removed: the lock belongs to its inode, and unlinking it would let
+// a newcomer lock a fresh file while an old holder still holds the old one.
+//
+// A FileLock that is dropped without Release stays held until the process
+// exits. Its methods are safe for concurrent use.
+type FileLock struct {
+	path   string // absolute, cleaned; also the registry key
+	holder HolderInfo
+
+	mu   sync.Mutex
+	fd   int
+	held bool // false after Release, and in the zero value
+}
+
+// heldLocks is the process-wide registry of lock files this process holds or
+// is acquiring, keyed by absolute path. The kernel would refuse a second flock
+// from this process too, since flock(2) locks taken through separate open(2)
+// calls conflict, but it could not tell that the holder is this process, and
+// the metadata may not be written yet. The registry answers exactly, without
+// touching the file.
+var heldLocks = struct {
+	sync.Mutex
+	m map[string]HolderInfo
+}{m: make(map[string]HolderInfo)}
+
+// reserveLock registers holder for path unless path is already registered, in
+// which case it returns the registered holder and false.
+func reserveLock(path string, holder HolderInfo) (HolderInfo, bool) {
+	heldLocks.Lock()
+	defer heldLocks.Unlock()
+	if existing, ok := heldLocks.m[path]; ok {
+		return existing, false
+	}
+	heldLocks.m[path] = holder
+	return holder, true
+}
+
+func unregisterLock(path string) {
+	heldLocks.Lock()
+	defer heldLocks.Unlock()
+	delete(heldLocks.m, path)
+}
+
+// AcquireFileLock takes the exclusive lock on the lock file at path, creating
+// the file (mode 0600) if needed; its directory must exist. It does not wait:
+// when the lock is held it returns a *[HeldError] matching [ErrLockHeld],
+// naming this process (SameProcess) or the holder found in the metadata at
+// path+".json". On success it records holder as that metadata, written
+// atomically and durably (temporary file, fsync, rename, directory fsync); a
+// zero holder.StartedAt is set to the current time. Other failures are
+// returned wrapped with the path; the lock is then not held.
+//
+// Within one process, a path names a lock by its absolute, cleaned form;
+// spellings that differ through symlinks are still refused, but by the kernel,
+// as held by "another process". The lock is a flock(2) LOCK_EX|LOCK_NB on a
+// close-on-exec descriptor, so child processes do not inherit it. It is safe
+// for concurrent use.
+func AcquireFileLock(path string, holder HolderInfo) (*FileLock, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("leasecore: acquire lock %s: %w", path, err)
+	}
+	if holder.StartedAt.IsZero() {
+		holder.StartedAt = time.Now()
+	}
+	if existing, ok := reserveLock(abs, holder); !ok {
+		return nil, &HeldError{Path: abs, Holder: existing, SameProcess: true}
+	}
+	l, err := lockFile(abs, holder)
+	if err != nil {
+		unregisterLock(abs)
+		return nil, err
+	}
+	return l, nil
+}
+
+// lockFile opens and flocks path, then writes the holder metadata. The caller
+// has reserved path in the registry.
+func lockFile(path string, holder HolderInfo) (*FileLock, error) {
+	fd, err := openLockFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("leasecore: acquire lock %s: open: %w", path, err)
+	}
+	for {
+		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			other, ok := ReadHolder(path)
+			if !ok {
+				other = HolderInfo{Client: "another process"}
+			}
+			return nil, &HeldError{Path: path, Holder: other}
+		}
+		return nil, fmt.Errorf("leasecore: acquire lock %s: flock: %w", path, err)
+	}
+	// Stale metadata of a crashed holder must not outlive the acquisition, so
+	// a failure to replace it gives the lock up again.
+	if err := writeLockJSON(metadataPath(path), holder); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("leasecore: acquire lock %s: write metadata: %w", path, err)
+	}
+	return &FileLock{path: path, holder: holder, fd: fd, held: true}, nil
+}
+
+func openLockFile(path string) (int, error) {
+	for {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
+}
+
+// Path returns the lock file, absolute and cleaned. It is safe for concurrent
+// use.
+func (l *FileLock) Path() string { return l.path }
+
+// Holder returns the holder the lock was acquired for, as recorded in its
+// metadata. It is safe for concurrent use.
+func (l *FileLock) Holder() HolderInfo { return l.holder }
+
+// Release gives the lock up. While still holding it, it removes the holder
+// metadata (<path>.json) and any pending takeover request
+// (<path without ".lock">.takeover), which are then known to be this holder's;
+// then it closes the descriptor, which drops the flock(2) lock, and forgets
+// the path in this process. The lock file stays. The lock is released even
+// when a removal fails; such failures are returned joined, wrapped with their
+// paths. Release on a released, zero or nil FileLock does nothing and returns
+// nil. It is safe for concurrent use.
+func (l *FileLock) Release() error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.held {
+		return nil
+	}
+	var errs []error
+	for _, p := range []string{metadataPath(l.path), takeoverPath(l.path)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("leasecore: release lock %s: %w", l.path, err))
+		}
+	}
+	// The descriptor is gone after close(2) even when it reports an error.
+	if err := unix.Close(l.fd); err != nil {
+		errs = append(errs, fmt.Errorf("leasecore: release lock %s: close: %w", l.path, err))
+	}
+	l.held = false
+	// Unregister last, so that a concurrent acquire in this process sees
+	// SameProcess rather than a kernel refusal.
+	unregisterLock(l.path)
+	return errors.Join(errs...)
+}
+
+// metadataPath is where the holder metadata of lock file path lives.
+func metadataPath(path string) string { return path + ".json" }
+
+// takeoverPath is where takeover requests for lock file path live.
+func takeoverPath(path string) string { return strings.TrimSuffix(path, ".lock") + ".takeover" }
+
+// ReadHolder returns the advisory holder metadata of the lock file at path,
+// read from path+".json", and whether it was present and well-formed. The
+// metadata describes the last holder that did not release cleanly or the
+// current one: it does not prove that the lock is held (check with
+// [AcquireFileLock] or [HolderInfo.Dead]). It is safe for concurrent use.
+func ReadHolder(path string) (HolderInfo, bool) {
+	var h HolderInfo
+	if !readLockJSON(metadataPath(path), &h) {
+		return HolderInfo{}, false
+	}
+	return h, true
+}
+
+// LockTakeoverRequest asks the holder of a [FileLock] to give it up (D-TAKEOVER
+// of the reference session lease design). It is a hint: the holder decides
+// whether to release, and the kernel lock remains the arbiter.
+type LockTakeoverRequest struct {
+	// Requester is who asks for the lock.
+	Requester HolderInfo `json:"requester"`
+	// At is when the request was made (wall clock).
+	At time.Time `json:"at"`
+	// Reason is optional free text for the holder's logs.
+	Reason string `json:"reason,omitempty"`
+}
+
+// WriteTakeoverRequest records req as the pending takeover request for the
+// lock file at path, in strings.TrimSuffix(path, ".lock")+".takeover" (for
+// <state>/leasefs.lock: <state>/leasefs.takeover), replacing any earlier one.
+// A zero req.At is set to the current time. The write is atomic and durable
+// (temporary file, fsync, rename, directory fsync); errors are returned
+// wrapped with the path. Anyone may write a request; holding the lock is not
+// required. It is safe for concurrent use.
+func WriteTakeoverRequest(path string, req LockTakeoverRequest) error {
+	if req.At.IsZero() {
+		req.At = time.Now()
+	}
+	p := takeoverPath(path)
+	if err := writeLockJSON(p, req); err != nil {
+		return fmt.Errorf("leasecore: write takeover request %s: %w", p, err)
+	}
+	return nil
+}
+
+// ReadTakeoverRequest returns the pending takeover request for the lock file
+// at path (see [WriteTakeoverRequest] for where it lives) and whether one was
+// present and well-formed. It is safe for concurrent use.
+func ReadTakeoverRequest(path string) (LockTakeoverRequest, bool) {
+	var req LockTakeoverRequest
+	if !readLockJSON(takeoverPath(path), &req) {
+		return LockTakeoverRequest{}, false
+	}
+	return req, true
+}
+
+// ClearTakeoverRequest removes the pending takeover request for the lock file
+// at path (see [WriteTakeoverRequest] for where it lives). A missing request
+// is not an error; other failures are returned wrapped with the path. It is
+// safe for concurrent use.
+func ClearTakeoverRequest(path string) error {
+	p := takeoverPath(path)
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("leasecore: clear takeover request: %w", err)
+	}
+	return nil
+}
+
+// maxLockJSON bounds what readLockJSON accepts; the files it reads are a few
+// hundred bytes.
+const maxLockJSON = 64 << 10
+
+// readLockJSON decodes the JSON file at path into v and reports whether it
+// existed and decoded.
+func readLockJSON(path string, v any) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxLockJSON+1))
+	if err != nil || len(b) > maxLockJSON {
+		return false
+	}
+	return json.Unmarshal(b, v) == nil
+}
+
+// writeLockJSON replaces the file at path with v as JSON (mode 0600): it
+// writes a temporary file in the same directory, fsyncs it, renames it over
+// path and fsyncs the directory, so readers see the old or the new content and
+// the new content survives a crash once writeLockJSON returns.
+func writeLockJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	data = append(data, '\n')
+	dir := filepath.Dir(path)
+	pf, err := renameio.NewPendingFile(path, renameio.WithTempDir(dir), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return err
+	}
+	defer pf.Cleanup()
+	if _, err := pf.Write(data); err != nil {
+		return err
+	}
+	if err := pf.CloseAtomicallyReplace(); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

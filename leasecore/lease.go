@@ -1,0 +1,186 @@
+package leasecore
+
+import (
+	"context"
+	"time"
+)
+
+// Status is the lifecycle state of a lease (SPEC §4.1).
+type Status string
+
+// Lease statuses. Only [StatusActive] leases can be live.
+const (
+	StatusActive    Status = "active"
+	StatusComplete  Status = "complete"
+	StatusAbandoned Status = "abandoned"
+)
+
+// Mode says what keeps a lease alive (SPEC §1).
+type Mode string
+
+// Lease modes.
+const (
+	// ModeToken leases live while their holder writes its token at least
+	// once per lease duration.
+	ModeToken Mode = "token"
+	// ModeHandle leases live exactly as long as one open file (SPEC §6).
+	ModeHandle Mode = "handle"
+)
+
+// DefaultLeaseDuration is the heartbeat TTL of token leases (SPEC §1).
+const DefaultLeaseDuration = 5 * time.Minute
+
+// DefaultHistoryKeep is the number of ended records kept (SPEC §4.3).
+const DefaultHistoryKeep = 10000
+
+// DefaultMaxLeasesPerUID is the per-uid limit on live leases (SPEC §7).
+const DefaultMaxLeasesPerUID = 10000
+
+// Annotations are the optional holder-supplied fields of a lease (SPEC §4.2).
+// A nil pointer leaves the field unchanged on renew; an empty string clears it.
+type Annotations struct {
+	ActorSessionID   *string
+	TaskAssignmentID *string
+	AnchorState      *string
+	AnchorRoot       *string
+	Path             *string
+	Client           *string
+	// PID names a long-lived holder process for early death detection
+	// (SPEC §5 rule 2). It must be running when presented.
+	PID *int
+}
+
+// Lease is a copy of one lease record. Values are snapshots: changing one
+// changes nothing in the store. The token hash is deliberately absent.
+type Lease struct {
+	ID         string // "lease-…"
+	Resource   string // the lease file's path relative to the mount root
+	Status     Status
+	Mode       Mode
+	Generation uint64 // fencing number, strictly increasing per store (SPEC §1)
+
+	HolderUID uint32
+	HolderGID uint32
+	HolderPID int    // the process that reserved (informational)
+	Host      string // host name of the reserving daemon
+
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	// ExpiresAt is HeartbeatAt plus the lease duration for token leases; zero
+	// for handle leases, which never expire by time.
+	ExpiresAt   time.Time
+	CompletedAt time.Time // zero while active
+
+	// PID, PIDStartTicks and BootID are the liveness facts of SPEC §5: a
+	// recorded holder process (with its start time in clock ticks since
+	// boot, to detect pid reuse) and the boot it lives in.
+	PID           int
+	PIDStartTicks uint64
+	BootID        string
+
+	ActorSessionID   string
+	TaskAssignmentID string
+	AnchorState      string
+	AnchorRoot       string
+	Path             string
+	Client           string
+
+	TakeoverRequestedBy string
+	TakeoverRequestedAt time.Time
+	TakeoverReason      string
+}
+
+// Live reports whether the lease's status is active. Liveness rules beyond
+// the status are applied by the store, which ends dead leases.
+func (l Lease) Live() bool { return l.Status == StatusActive }
+
+// Draft describes a lease to reserve.
+type Draft struct {
+	Resource  string
+	Mode      Mode // ModeToken when empty
+	HolderUID uint32
+	HolderGID uint32
+	HolderPID int
+	Annotations
+}
+
+// Grant is a reserved lease and its bearer token. The token exists only in
+// this value: the store keeps its hash (SPEC §1).
+type Grant struct {
+	Lease Lease
+	Token string
+}
+
+// TakeoverRequest is a request, by someone who does not hold the token, that
+// the holder give the lease up (SPEC §4.2). It changes nothing else.
+type TakeoverRequest struct {
+	By     string // who asks, e.g. "uid 1000 pid 4242"
+	Reason string // free text, at most 1 KiB
+}
+
+// Namespace is a persistent directory of resources (SPEC §3).
+type Namespace struct {
+	Path      string // "" is the root
+	UID       uint32 // creator
+	GID       uint32
+	CreatedAt time.Time
+}
+
+// Store is the lease store behind a leasefs mount. The file store
+// ([OpenFileStore]) is the default; other stores (etcd) implement the same
+// contract. All methods are safe for concurrent use. Methods that change the
+// store return only after the change is durable; on a *[PersistError] nothing
+// changed.
+type Store interface {
+	// Reserve grants a new lease on d.Resource if it has no live lease.
+	// Errors: *LeaseHeldError (ErrHeld), ErrQuota, ErrNoNamespace,
+	// ErrIsNamespace, ErrInvalidName, ErrNameTooLong, ErrInvalidArgument,
+	// *PersistError.
+	Reserve(ctx context.Context, d Draft) (Grant, error)
+	// Live returns the live lease on resource, ending it first if it is
+	// dead (SPEC §5). Errors: ErrNotFound.
+	Live(ctx context.Context, resource string) (Lease, error)
+	// Load returns the lease with that id in any status, applying the
+	// liveness rules to an active one. Errors: ErrInvalidID, ErrNotFound.
+	Load(ctx context.Context, id string) (Lease, error)
+	// Renew authenticates token against lease id, moves its heartbeat to now
+	// and applies ann. Errors: ErrNotFound, ErrInactive (ended or dead),
+	// ErrTokenMismatch, ErrInvalidArgument, *PersistError.
+	Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error)
+	// Release authenticates token and ends lease id with status (complete or
+	// abandoned). Errors: as Renew.
+	Release(ctx context.Context, id, token string, status Status) (Lease, error)
+	// End ends lease id with status without a token: the caller has
+	// authorised the holder by other means (unlink by the holder uid, a
+	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
+	End(ctx context.Context, id string, status Status) (Lease, error)
+	// RequestTakeover records a takeover request on live lease id.
+	// Errors: ErrNotFound, ErrInactive, ErrInvalidArgument, *PersistError.
+	RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error)
+	// List returns every live lease, sorted by resource.
+	List(ctx context.Context) ([]Lease, error)
+	// ListDir returns the namespaces and live leases directly inside
+	// namespace dir ("" is the root), each sorted by name.
+	// Errors: ErrNoNamespace.
+	ListDir(ctx context.Context, dir string) ([]Namespace, []Lease, error)
+	// History returns ended leases, newest first; all resources when
+	// resource is "".
+	History(ctx context.Context, resource string) ([]Lease, error)
+	// EndResource ends every active lease of resource with status and
+	// returns them.
+	EndResource(ctx context.Context, resource string, status Status) ([]Lease, error)
+	// Namespace returns the namespace at path. Errors: ErrNotFound.
+	Namespace(ctx context.Context, path string) (Namespace, error)
+	// Mkdir creates namespace path. Errors: ErrExists, ErrNoNamespace,
+	// ErrInvalidName, ErrNameTooLong, *PersistError.
+	Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error)
+	// Rmdir removes an empty namespace. Errors: ErrNotFound, ErrNotEmpty,
+	// *PersistError.
+	Rmdir(ctx context.Context, path string) error
+	// Reap ends every dead lease as abandoned and returns them.
+	Reap(ctx context.Context) ([]Lease, error)
+	// LeaseDuration returns the heartbeat TTL of token leases.
+	LeaseDuration() time.Duration
+	// Close releases the store's resources. Further calls return ErrClosed.
+	Close() error
+}

@@ -1,0 +1,455 @@
+package leasecore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/renameio/v2"
+	"golang.org/x/sys/unix"
+)
+
+// Layout of a state directory (SPEC §2, §4.3).
+const (
+	// LeasesDir holds one <lease-id>.toml record per lease.
+	LeasesDir = "writer-leases"
+	// storeLockName is the flock(2) that serialises mutations across
+	// processes, inside LeasesDir. It is never removed.
+	storeLockName = ".lock"
+	// generationName persists the generation high-water mark, so pruning
+	// history never lets a generation be granted twice.
+	generationName = "generation"
+	// namespacesName persists the namespaces (directories) of the mount.
+	namespacesName = "namespaces.toml"
+)
+
+// Options configure [OpenFileStore]. The zero value works: every zero field
+// takes its documented default.
+type Options struct {
+	// LeaseDuration is the heartbeat TTL of token leases;
+	// default [DefaultLeaseDuration].
+	LeaseDuration time.Duration
+	// HistoryKeep is how many ended records are kept; default
+	// [DefaultHistoryKeep]. Older ones are pruned by [FileStore.Reap].
+	HistoryKeep int
+	// MaxLeasesPerUID bounds live leases per holder uid; default
+	// [DefaultMaxLeasesPerUID].
+	MaxLeasesPerUID int
+	// Clock is the time source; default [NewSystemClock].
+	Clock Clock
+	// Host is recorded as the lease host; default [Hostname].
+	Host string
+	// ReadOnly opens the store for reading under a shared lock: nothing is
+	// written, dead leases are filtered out instead of ended, and mutating
+	// methods return ErrReadOnly. Used by "leasefs ls" and "history".
+	ReadOnly bool
+	// Logger receives one line per record that could not be loaded and per
+	// lease ended at open; default slog.Default().
+	Logger *slog.Logger
+}
+
+// entry is the in-memory state of one record.
+type entry struct {
+	lease Lease
+	hash  string
+	// hbMono is the heartbeat on the store's monotonic clock.
+	hbMono time.Duration
+}
+
+// FileStore is the embedded [Store]: TOML records in a state directory,
+// serialised by flock(2) across processes and by a mutex within one. All
+// methods are safe for concurrent use. A state directory must be written by
+// one FileStore at a time (the daemon lock of [AcquireFileLock] ensures it);
+// read-only stores may coexist with it.
+type FileStore struct {
+	mu       sync.Mutex
+	opts     Options
+	state    string // the state directory
+	dir      string // state/writer-leases
+	lockFile *os.File
+	dirFile  *os.File // dir, opened for fsync
+	stFile   *os.File // state, opened for fsync
+	bootID   string
+	closed   bool
+
+	leases     map[string]*entry // by lease id, every loaded record
+	live       map[string]*entry // by resource, active leases only
+	perUID     map[uint32]int    // live leases per holder uid
+	namespaces map[string]Namespace
+	hw         uint64 // highest generation granted
+	hwSaved    uint64 // value in the generation file
+}
+
+var _ Store = (*FileStore)(nil)
+
+// OpenFileStore opens (creating if needed, mode 0700) the state directory and
+// loads its records. Unless opts.ReadOnly, it ends recorded handle leases as
+// abandoned (their open files died with the previous daemon, SPEC §2) and
+// assigns generations to active records written by the reference store.
+// Unreadable or corrupt records are logged and skipped, never fatal.
+// Errors: filesystem errors creating, locking or listing the directory.
+func OpenFileStore(state string, opts Options) (*FileStore, error) {
+	if opts.LeaseDuration <= 0 {
+		opts.LeaseDuration = DefaultLeaseDuration
+	}
+	if opts.HistoryKeep <= 0 {
+		opts.HistoryKeep = DefaultHistoryKeep
+	}
+	if opts.MaxLeasesPerUID <= 0 {
+		opts.MaxLeasesPerUID = DefaultMaxLeasesPerUID
+	}
+	if opts.Clock == nil {
+		opts.Clock = NewSystemClock()
+	}
+	if opts.Host == "" {
+		opts.Host = Hostname()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &FileStore{
+		opts:       opts,
+		state:      state,
+		dir:        filepath.Join(state, LeasesDir),
+		bootID:     BootID(),
+		leases:     make(map[string]*entry),
+		live:       make(map[string]*entry),
+		perUID:     make(map[uint32]int),
+		namespaces: make(map[string]Namespace),
+	}
+	if err := s.openFiles(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	if err := s.load(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *FileStore) openFiles() error {
+	if s.opts.ReadOnly {
+		if _, err := os.Stat(s.dir); err != nil {
+			return fmt.Errorf("leasecore: open store: %w", err)
+		}
+	} else {
+		for _, d := range []string{s.state, s.dir} {
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				return fmt.Errorf("leasecore: create state directory: %w", err)
+			}
+		}
+	}
+	flags := os.O_RDWR | os.O_CREATE
+	if s.opts.ReadOnly {
+		flags = os.O_RDONLY
+	}
+	var err error
+	if s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_CLOEXEC, 0o600); err != nil {
+		return fmt.Errorf("leasecore: open store lock: %w", err)
+	}
+	if s.dirFile, err = os.Open(s.dir); err != nil {
+		return fmt.Errorf("leasecore: open store: %w", err)
+	}
+	if s.stFile, err = os.Open(s.state); err != nil {
+		return fmt.Errorf("leasecore: open store: %w", err)
+	}
+	return nil
+}
+
+func (s *FileStore) closeFiles() {
+	for _, f := range []*os.File{s.lockFile, s.dirFile, s.stFile} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// flock takes the cross-process store lock, retrying on EINTR, and returns
+// its release.
+func (s *FileStore) flock(how int) (func(), error) {
+	for {
+		err := unix.Flock(int(s.lockFile.Fd()), how)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return nil, fmt.Errorf("leasecore: lock store: %w", err)
+		}
+	}
+	return func() { _ = unix.Flock(int(s.lockFile.Fd()), unix.LOCK_UN) }, nil
+}
+
+// load reads every record, the namespaces and the generation mark.
+func (s *FileStore) load() error {
+	how := unix.LOCK_EX
+	if s.opts.ReadOnly {
+		how = unix.LOCK_SH
+	}
+	unlock, err := s.flock(how)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	names, err := s.dirFile.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	if _, err := s.dirFile.Seek(0, 0); err != nil {
+		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
+	for _, name := range names {
+		path := filepath.Join(s.dir, name)
+		if strings.HasPrefix(name, ".lease-") {
+			// A temporary file left by a crash mid-write: the record it was
+			// to replace is intact, so the leftover is garbage.
+			if !s.opts.ReadOnly {
+				_ = os.Remove(path)
+			}
+			continue
+		}
+		id, ok := strings.CutSuffix(name, ".toml")
+		if !ok || ValidateLeaseID(id) != nil {
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			s.opts.Logger.Warn("skipping unreadable lease record", "path", path, "err", err)
+			continue
+		}
+		rec, err := decodeRecord(data)
+		if err == nil && rec.LeaseID != id {
+			err = fmt.Errorf("lease_id %q does not match the file name", rec.LeaseID)
+		}
+		if err != nil {
+			s.opts.Logger.Warn("skipping corrupt lease record", "path", path, "err", err)
+			continue
+		}
+		e := &entry{lease: fromRecord(rec), hash: rec.TokenHash}
+		s.fillExpiry(&e.lease)
+		age := max(now.Sub(e.lease.HeartbeatAt), 0)
+		e.hbMono = mono - age
+		s.leases[id] = e
+		s.hw = max(s.hw, e.lease.Generation)
+	}
+	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64); err == nil {
+			s.hwSaved = n
+			s.hw = max(s.hw, n)
+		}
+	}
+	if err := s.loadNamespaces(); err != nil {
+		return err
+	}
+
+	// Index active leases; settle duplicates and leftovers of a previous
+	// daemon in generation order so the outcome is deterministic.
+	active := make([]*entry, 0)
+	for _, e := range s.leases {
+		if e.lease.Status == StatusActive {
+			active = append(active, e)
+		}
+	}
+	slices.SortFunc(active, func(a, b *entry) int {
+		return cmp.Or(cmp.Compare(a.lease.Generation, b.lease.Generation),
+			a.lease.StartedAt.Compare(b.lease.StartedAt), strings.Compare(a.lease.ID, b.lease.ID))
+	})
+	for _, e := range active {
+		if prev := s.live[e.lease.Resource]; prev != nil {
+			// Two active records for one resource cannot both be live;
+			// the newer wins.
+			s.dropLive(prev)
+		}
+		s.addLive(e)
+	}
+	if s.opts.ReadOnly {
+		return nil
+	}
+	for _, e := range active {
+		switch {
+		case s.live[e.lease.Resource] != e:
+			if err := s.endLocked(e, StatusAbandoned, "superseded by a newer active record"); err != nil {
+				return err
+			}
+		case e.lease.Mode == ModeHandle:
+			if err := s.endLocked(e, StatusAbandoned, "handle lease of a previous daemon"); err != nil {
+				return err
+			}
+		case e.lease.Generation == 0:
+			// A record of the reference store: give it a generation so it
+			// has a fencing number and an inode of its own.
+			l := e.lease
+			l.Generation = s.hw + 1
+			if err := s.writeRecord(&l, e.hash); err != nil {
+				return err
+			}
+			s.hw = l.Generation
+			e.lease = l
+		}
+	}
+	return nil
+}
+
+// fillExpiry sets ExpiresAt from the heartbeat and mode.
+func (s *FileStore) fillExpiry(l *Lease) {
+	l.ExpiresAt = time.Time{}
+	if l.Mode == ModeToken && l.Status == StatusActive {
+		l.ExpiresAt = l.HeartbeatAt.Add(s.opts.LeaseDuration)
+	}
+}
+
+func (s *FileStore) addLive(e *entry) {
+	s.live[e.lease.Resource] = e
+	s.perUID[e.lease.HolderUID]++
+}
+
+func (s *FileStore) dropLive(e *entry) {
+	if s.live[e.lease.Resource] == e {
+		delete(s.live, e.lease.Resource)
+		if s.perUID[e.lease.HolderUID]--; s.perUID[e.lease.HolderUID] <= 0 {
+			delete(s.perUID, e.lease.HolderUID)
+		}
+	}
+}
+
+// writeFile replaces path atomically and durably: a pending file in the same
+// directory, fsync, rename, fsync of the directory (SPEC §4.3).
+func writeFile(dir *os.File, path string, data []byte) error {
+	pf, err := renameio.NewPendingFile(path,
+		renameio.WithTempDir(filepath.Dir(path)), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return &PersistError{Op: "write", Path: path, Err: err}
+	}
+	defer pf.Cleanup()
+	if _, err := pf.Write(data); err != nil {
+		return &PersistError{Op: "write", Path: path, Err: err}
+	}
+	if err := pf.CloseAtomicallyReplace(); err != nil {
+		return &PersistError{Op: "write", Path: path, Err: err}
+	}
+	if err := dir.Sync(); err != nil {
+		return &PersistError{Op: "sync", Path: filepath.Dir(path), Err: err}
+	}
+	return nil
+}
+
+// writeRecord persists l under the cross-process lock. The caller holds mu.
+func (s *FileStore) writeRecord(l *Lease, hash string) error {
+	data, err := encodeRecord(toRecord(l, hash))
+	if err != nil {
+		return fmt.Errorf("leasecore: encode record: %w", err)
+	}
+	unlock, err := s.flock(unix.LOCK_EX)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return writeFile(s.dirFile, filepath.Join(s.dir, l.ID+".toml"), data)
+}
+
+// deadReason applies SPEC §5 to an active lease and returns why it is dead,
+// or "" when it is live.
+func (s *FileStore) deadReason(e *entry) string {
+	l := &e.lease
+	if l.Status != StatusActive {
+		return "ended"
+	}
+	if l.Mode == ModeToken && s.opts.Clock.Mono()-e.hbMono >= s.opts.LeaseDuration {
+		return "heartbeat expired"
+	}
+	if l.BootID != "" && s.bootID != "" && l.BootID != s.bootID {
+		return "machine rebooted"
+	}
+	if l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && processGone(l.PID, l.PIDStartTicks) {
+		return "holder process gone"
+	}
+	return ""
+}
+
+// endLocked ends e with status, durably. The caller holds mu.
+func (s *FileStore) endLocked(e *entry, status Status, reason string) error {
+	l := e.lease
+	l.Status = status
+	l.CompletedAt = s.opts.Clock.Now().UTC()
+	s.fillExpiry(&l)
+	if err := s.writeRecord(&l, e.hash); err != nil {
+		return err
+	}
+	s.dropLive(e)
+	e.lease = l
+	if status == StatusAbandoned {
+		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
+			"generation", l.Generation, "status", status, "reason", reason)
+	}
+	return nil
+}
+
+// checkLive ends e if it is dead. It reports whether e is live. In a
+// read-only store a dead lease is only reported.
+func (s *FileStore) checkLive(e *entry) (bool, error) {
+	reason := s.deadReason(e)
+	if reason == "" {
+		return true, nil
+	}
+	if e.lease.Status != StatusActive {
+		return false, nil
+	}
+	if s.opts.ReadOnly {
+		return false, nil
+	}
+	return false, s.endLocked(e, StatusAbandoned, reason)
+}
+
+// LeaseDuration returns the heartbeat TTL of token leases. Safe for
+// concurrent use.
+func (s *FileStore) LeaseDuration() time.Duration { return s.opts.LeaseDuration }
+
+// Dir returns the state directory. Safe for concurrent use.
+func (s *FileStore) Dir() string { return s.state }
+
+// Close closes the store's files. Further calls return ErrClosed. Safe for
+// concurrent use; a second Close is a no-op.
+func (s *FileStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.closeFiles()
+	return nil
+}
+
+// begin takes mu and checks the store is open (and writable when write).
+func (s *FileStore) begin(write bool) error {
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return ErrClosed
+	case write && s.opts.ReadOnly:
+		s.mu.Unlock()
+		return ErrReadOnly
+	}
+	return nil
+}
+
+func (s *FileStore) snapshot(e *entry) Lease {
+	l := e.lease
+	s.fillExpiry(&l)
+	return l
+}
+
+// errIfCanceled lets a caller give up before a mutation starts.
+func errIfCanceled(ctx context.Context) error { return ctx.Err() }
