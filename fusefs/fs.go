@@ -269,6 +269,10 @@ func errnoName(e syscall.Errno) string {
 		return "ENOSPC"
 	case syscall.EIO:
 		return "EIO"
+	case syscall.ENOLCK:
+		return "ENOLCK"
+	case syscall.EISDIR:
+		return "EISDIR"
 	}
 	return e.Error()
 }

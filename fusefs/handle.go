@@ -33,6 +33,9 @@ var (
 	_ = (fs.FileWriter)((*leaseHandle)(nil))
 	_ = (fs.FileFlusher)((*leaseHandle)(nil))
 	_ = (fs.FileFsyncer)((*leaseHandle)(nil))
+	_ = (fs.FileGetlker)((*leaseHandle)(nil))
+	_ = (fs.FileSetlker)((*leaseHandle)(nil))
+	_ = (fs.FileSetlkwer)((*leaseHandle)(nil))
 )
 
 func newHandle(f *FS, l leasecore.Lease, reserved bool) *leaseHandle {
@@ -130,3 +133,19 @@ func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 
 // Fsync does nothing: every change is durable before its write returns.
 func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+
+// Getlk refuses lock queries with ENOLCK until handle leases exist: a lock
+// must never be silently local to the kernel (SPEC §6, §9).
+func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	return h.fsys.refuse("getlk", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
+}
+
+// Setlk refuses flock and fcntl locks with ENOLCK (see Getlk).
+func (h *leaseHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.fsys.refuse("setlk", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
+}
+
+// Setlkw refuses blocking flock and fcntl locks with ENOLCK (see Getlk).
+func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.fsys.refuse("setlkw", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
+}

@@ -150,6 +150,7 @@ func Run(ctx context.Context, opts Options) error {
 		AllowOther:  opts.AllowOther,
 		DirectMount: root,
 		MaxWrite:    maxWrite,
+		EnableLocks: true,
 		Debug:       opts.Debug,
 	}
 	server, err := fuse.NewServer(lfs.RawFileSystem(), mp, &mo)
