@@ -1,0 +1,397 @@
+package integration
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// leasefsBin is the path of the binary built by TestMain; it is set once before any test runs.
+var leasefsBin string
+
+// clientTimeout bounds every client process a test runs.
+const clientTimeout = 30 * time.Second
+
+// tokenRE matches exactly what the first read of a fresh lease returns.
+var tokenRE = regexp.MustCompile(`^hwl_[a-z2-7]{39}\n$`)
+
+// leaseIDRE matches a lease id.
+var leaseIDRE = regexp.MustCompile(`^lease-[a-z2-7]{39}$`)
+
+// mountedRE matches the daemon's readiness log line.
+var mountedRE = regexp.MustCompile(`(?m)(^|\s)msg=mounted(\s|$)`)
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+// runMain builds the binary into a temporary directory, runs the tests and removes the
+// directory; it returns the process exit code.
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "leasefs-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	leasefsBin = filepath.Join(dir, "leasefs")
+	build := exec.Command("go", "build", "-o", leasefsBin, ".")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: go build in %s: %v\n%s", root, err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+// moduleRoot returns the directory of the module's go.mod, asking `go env GOMOD` first and
+// walking up from the working directory if that fails.
+func moduleRoot() (string, error) {
+	if out, err := exec.Command("go", "env", "GOMOD").Output(); err == nil {
+		if gomod := strings.TrimSpace(string(out)); gomod != "" && gomod != os.DevNull {
+			return filepath.Dir(gomod), nil
+		}
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("integration: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// fuseRequired reports whether LEASEFS_REQUIRE_FUSE=1 asks for failures instead of skips.
+func fuseRequired() bool { return os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" }
+
+// skipOrFail skips the test, or fails it when LEASEFS_REQUIRE_FUSE=1.
+func skipOrFail(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if fuseRequired() {
+		t.Fatalf("LEASEFS_REQUIRE_FUSE=1 but "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// requireFUSE skips (or fails, see [skipOrFail]) unless /dev/fuse exists and we are root.
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		skipOrFail(t, "FUSE unavailable: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "the integration tests need root (euid %d)", os.Geteuid())
+	}
+}
+
+// requireTool skips (or fails, see [skipOrFail]) unless the named program is on PATH.
+func requireTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		skipOrFail(t, "%s not installed: %v", name, err)
+	}
+	return p
+}
+
+// logBuffer collects a process's output and closes ready once the output matches marker.
+// It is safe for concurrent use.
+type logBuffer struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	marker *regexp.Regexp
+	ready  chan struct{}
+	once   sync.Once
+}
+
+// newLogBuffer returns a buffer that watches for marker (nil: never ready).
+func newLogBuffer(marker *regexp.Regexp) *logBuffer {
+	return &logBuffer{marker: marker, ready: make(chan struct{})}
+}
+
+// Write appends p and signals readiness on the first match of the marker.
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if b.marker != nil && b.marker.Match(b.buf.Bytes()) {
+		b.once.Do(func() { close(b.ready) })
+	}
+	return len(p), nil
+}
+
+// String returns everything written so far.
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// daemonOpts configures [startDaemon]; the zero value mounts a fresh mountpoint and state.
+type daemonOpts struct {
+	mountpoint      string        // empty: a new t.TempDir()
+	state           string        // empty: "state" inside a new t.TempDir(), created by the daemon
+	leaseDuration   time.Duration // 0: the daemon's default
+	allowOther      bool
+	maxLeasesPerUID int // 0: the daemon's default
+}
+
+// daemon is one running `leasefs mount` process started by [startDaemon].
+type daemon struct {
+	t          *testing.T
+	cmd        *exec.Cmd
+	pid        int
+	mountpoint string
+	state      string
+	errBuf     *logBuffer
+	exited     chan struct{} // closed once the process has been waited for
+}
+
+// startDaemon starts `leasefs mount` and waits up to 15 s for its `msg=mounted` log line.
+// It fails the test with the daemon's stderr if the process exits first. Cleanup stops the
+// daemon if it still runs and always detaches the mountpoint.
+func startDaemon(t *testing.T, opts daemonOpts) *daemon {
+	t.Helper()
+	requireFUSE(t)
+	mp := opts.mountpoint
+	if mp == "" {
+		mp = t.TempDir()
+	}
+	if real, err := filepath.EvalSymlinks(mp); err == nil {
+		mp = real // mountinfo shows resolved paths
+	}
+	state := opts.state
+	if state == "" {
+		state = filepath.Join(t.TempDir(), "state")
+	}
+	args := []string{"mount", "--state", state}
+	if opts.leaseDuration > 0 {
+		args = append(args, "--lease-duration", opts.leaseDuration.String())
+	}
+	if opts.allowOther {
+		args = append(args, "--allow-other")
+	}
+	if opts.maxLeasesPerUID > 0 {
+		args = append(args, "--max-leases-per-uid", strconv.Itoa(opts.maxLeasesPerUID))
+	}
+	args = append(args, mp)
+
+	d := &daemon{t: t, mountpoint: mp, state: state, errBuf: newLogBuffer(mountedRE), exited: make(chan struct{})}
+	d.cmd = exec.Command(leasefsBin, args...)
+	d.cmd.Dir = "/"
+	d.cmd.Stdout = newLogBuffer(nil)
+	d.cmd.Stderr = d.errBuf
+	d.cmd.WaitDelay = 2 * time.Second
+	// Pdeathsig: if the test binary dies (e.g. a -timeout panic skips t.Cleanup), the daemon
+	// still gets SIGTERM and unmounts.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("start leasefs: %v", err)
+	}
+	d.pid = d.cmd.Process.Pid
+	go func() {
+		_ = d.cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.exited:
+		default:
+			d.shutdown(false)
+		}
+		detach(t, mp)
+	})
+
+	select {
+	case <-d.errBuf.ready:
+	case <-d.exited:
+		t.Fatalf("leasefs mount exited (code %d) before msg=mounted; stderr:\n%s",
+			d.cmd.ProcessState.ExitCode(), d.stderr())
+	case <-time.After(15 * time.Second):
+		d.shutdown(false)
+		t.Fatalf("leasefs mount not ready after 15s; stderr:\n%s", d.stderr())
+	}
+	if mountCount(t, mp) == 0 {
+		t.Fatalf("msg=mounted logged but %s is not in /proc/self/mountinfo; stderr:\n%s", mp, d.stderr())
+	}
+	return d
+}
+
+// stderr returns the daemon's stderr so far. It is safe for concurrent use.
+func (d *daemon) stderr() string { return d.errBuf.String() }
+
+// running reports whether the daemon process has not exited yet.
+func (d *daemon) running() bool {
+	select {
+	case <-d.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop sends SIGTERM, waits up to 10 s (then SIGKILLs) and returns the exit code; with
+// requireClean it fails the test unless the daemon exited by itself with code 0.
+func (d *daemon) stop(requireClean bool) int {
+	d.t.Helper()
+	clean := d.shutdown(true)
+	code := d.cmd.ProcessState.ExitCode()
+	if requireClean && (!clean || code != 0) {
+		d.t.Errorf("leasefs mount: exit code %d after SIGTERM (exited in time: %v), want 0; stderr:\n%s",
+			code, clean, d.stderr())
+	}
+	return code
+}
+
+// kill sends SIGKILL and waits for the process; the mount is left behind, stale.
+func (d *daemon) kill() {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-d.exited:
+	case <-time.After(10 * time.Second):
+		d.t.Fatalf("leasefs pid %d survived SIGKILL for 10s", d.pid)
+	}
+}
+
+// shutdown ends the process: SIGTERM (when term), up to 10 s, then SIGKILL, then aborting the
+// FUSE connection if the process is stuck. It reports whether the process exited before SIGKILL.
+func (d *daemon) shutdown(term bool) bool {
+	if term {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+			return true
+		case <-time.After(10 * time.Second):
+		}
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-d.exited:
+		return false
+	case <-time.After(5 * time.Second):
+	}
+	abortConnection(d.mountpoint) // a daemon blocked on its own mount sits in D state
+	select {
+	case <-d.exited:
+	case <-time.After(5 * time.Second):
+		d.t.Errorf("leasefs pid %d did not exit after SIGKILL and abort", d.pid)
+	}
+	return false
+}
+
+// detach lazily unmounts everything mounted on mp, ignoring "not mounted" (EINVAL, ENOENT).
+func detach(t *testing.T, mp string) {
+	t.Helper()
+	for range 8 { // stacked mounts are detached one at a time
+		err := unix.Unmount(mp, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return
+		}
+		if err != nil {
+			t.Errorf("unmount %s: %v", mp, err)
+			return
+		}
+	}
+}
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	dev        string // major:minor
+	mountpoint string
+	fstype     string
+}
+
+// mounts parses /proc/self/mountinfo.
+func mounts(t *testing.T) []mountEntry {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatalf("read mountinfo: %v", err)
+	}
+	var out []mountEntry
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		e := mountEntry{dev: f[2], mountpoint: unescapeMountinfo(f[4])}
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) {
+				e.fstype = f[i+1]
+				break
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// unescapeMountinfo decodes the octal escapes (\040 etc.) of mountinfo paths.
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// mountCount returns how many mounts sit on mp according to /proc/self/mountinfo.
+func mountCount(t *testing.T, mp string) int {
+	t.Helper()
+	n := 0
+	for _, e := range mounts(t) {
+		if e.mountpoint == mp {
+			n++
+		}
+	}
+	return n
+}
+
+// abortConnection writes to the fusectl abort file of the FUSE mount on mp, if any.
+func abortConnection(mp string) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || unescapeMountinfo(f[4]) != mp {
+			continue
+		}
+		if _, minor, ok := strings.Cut(f[2], ":"); ok {
+			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0)
+		}
+	}
+}
