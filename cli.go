@@ -98,6 +98,8 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.AllowOther, "allow-other", false, "let other users use the mount (permissions enforced per uid)")
 	f.IntVar(&opts.MaxLeasesPerUID, "max-leases-per-uid", leasecore.DefaultMaxLeasesPerUID, "live leases one uid may hold")
 	f.IntVar(&opts.HistoryKeep, "history-keep", leasecore.DefaultHistoryKeep, "ended lease records to keep")
+	f.BoolVar(&opts.Takeover, "takeover", false, "ask a daemon already serving --state to hand over, then mount")
+	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
 	f.BoolVar(&debug, "debug", false, "log debug messages")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")
 	return cmd

@@ -96,7 +96,7 @@ func (d *dirNode) attrFrom(ns leasecore.Namespace, a *fuse.Attr, ino uint64) err
 
 // childLease returns the inode of lease l below d.
 func (d *dirNode) childLease(ctx context.Context, l leasecore.Lease, out *fuse.EntryOut) *fs.Inode {
-	fillLeaseAttr(l, &out.Attr)
+	d.fsys.fillLeaseAttr(l, &out.Attr)
 	node := &leaseNode{fsys: d.fsys, id: l.ID, resource: l.Resource}
 	return d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: leaseIno(l)})
 }
@@ -137,7 +137,8 @@ func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(entries), 0
 }
 
-// Create reserves a token lease on name for the caller (SPEC §3). When the
+// Create reserves a token lease on name for the caller (SPEC §3); EAGAIN
+// while the daemon hands over to another (see [FS.Drain]). When the
 // name has a live lease: EEXIST with O_EXCL; otherwise the existing lease is
 // opened and nothing is reserved (EACCES for a non-holder opening it for
 // writing). Other errors: EISDIR for a namespace, EDQUOT over the per-uid
@@ -148,6 +149,9 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	resource := joinResource(d.path, name)
 	if err := leasecore.ValidateName(name); err != nil {
 		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
+	}
+	if d.fsys.draining.Load() {
+		return nil, nil, 0, d.fsys.refuse("create", resource, c, syscall.EAGAIN, "daemon is handing over")
 	}
 	g, err := d.fsys.store.Reserve(ctx, leasecore.Draft{
 		Resource:  resource,
@@ -193,6 +197,7 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
 	d.fsys.forgetToken(l.ID)
+	d.fsys.wake(resource)
 	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.pid)
 	return 0
 }

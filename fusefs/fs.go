@@ -3,9 +3,12 @@ package fusefs
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -48,6 +51,19 @@ type FS struct {
 	dirInos map[string]uint64 // namespace path → inode number
 	nextIno uint64
 
+	// queues holds the blocked lock waiters of each resource, first come
+	// first served; wakes the channel closed when a lease on the resource
+	// ends or its queue moves (SPEC §6).
+	queues map[string][]*waiter
+	wakes  map[string]chan struct{}
+	// posix maps an fcntl lock owner on one inode to the lease it holds.
+	posix map[posixKey]string
+	// requests maps an in-flight lock request to its FUSE node id; see
+	// rawFS.
+	requests sync.Map // <-chan struct{} → uint64
+	// draining is set by [FS.Drain]: nothing new is granted.
+	draining atomic.Bool
+
 	// gone queues leases ended by a handler other than unlink, for
 	// [FS.Run] to remove from the kernel's view.
 	gone chan leasecore.Lease
@@ -72,6 +88,9 @@ func New(store leasecore.Store, opts Options) *FS {
 		tokens:  make(map[string]string),
 		dirInos: make(map[string]uint64),
 		nextIno: firstDirIno,
+		queues:  make(map[string][]*waiter),
+		wakes:   make(map[string]chan struct{}),
+		posix:   make(map[posixKey]string),
 		gone:    make(chan leasecore.Lease, 1024),
 	}
 	f.root = &dirNode{fsys: f}
@@ -83,13 +102,13 @@ func New(store leasecore.Store, opts Options) *FS {
 // daemon and out-of-band changes are seen at once (FUSE-NOTES.md).
 func (f *FS) RawFileSystem() fuse.RawFileSystem {
 	zero := time.Duration(0)
-	return fs.NewNodeFS(f.root, &fs.Options{
+	return &rawFS{RawFileSystem: fs.NewNodeFS(f.root, &fs.Options{
 		EntryTimeout:    &zero,
 		AttrTimeout:     &zero,
 		NegativeTimeout: &zero,
 		UID:             f.opts.RootUID,
 		GID:             f.opts.RootGID,
-	})
+	}), fsys: f}
 }
 
 // Run ends dead leases every ReapInterval and removes leases ended outside
@@ -111,9 +130,37 @@ func (f *FS) Run(ctx context.Context) {
 			}
 			for _, l := range ended {
 				f.forgetToken(l.ID)
+				f.wake(l.Resource)
 				f.invalidate(l)
 			}
 		}
+	}
+}
+
+// Drain stops granting leases (creates and locks fail with EAGAIN) and ends
+// every handle lease as abandoned, so their open files answer ESTALE: the
+// first step of handing the state directory over to another daemon. Token
+// leases are untouched. Safe to call more than once.
+func (f *FS) Drain(ctx context.Context) {
+	f.draining.Store(true)
+	leases, err := f.store.List(ctx)
+	if err != nil {
+		f.log.Error("drain: listing leases failed", "err", err)
+	}
+	for _, l := range leases {
+		if l.Mode != leasecore.ModeHandle {
+			continue
+		}
+		if ended, err := f.store.End(ctx, l.ID, leasecore.StatusAbandoned); err == nil {
+			f.log.Info("handle lease ended for handover", "resource", l.Resource, "lease", l.ID)
+			f.ended(ended)
+		}
+	}
+	f.mu.Lock()
+	resources := slices.Collect(maps.Keys(f.wakes))
+	f.mu.Unlock()
+	for _, r := range resources {
+		f.wake(r)
 	}
 }
 
@@ -121,6 +168,7 @@ func (f *FS) Run(ctx context.Context) {
 // kernel's entry is invalidated later by [FS.Run]. Never blocks.
 func (f *FS) ended(l leasecore.Lease) {
 	f.forgetToken(l.ID)
+	f.wake(l.Resource)
 	select {
 	case f.gone <- l:
 	default:
@@ -277,13 +325,18 @@ func errnoName(e syscall.Errno) string {
 	return e.Error()
 }
 
+// statusDoc renders the status document of l with its waiter count.
+func (f *FS) statusDoc(l leasecore.Lease) []byte {
+	return leasecore.StatusDocument(l, f.waiters(l.Resource))
+}
+
 // fillLeaseAttr sets the attributes of lease l (SPEC §3 stat row).
-func fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
+func (f *FS) fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
 	a.Ino = leaseIno(l)
 	a.Mode = syscall.S_IFREG | 0o644
 	a.Nlink = 1
 	a.Uid, a.Gid = l.HolderUID, l.HolderGID
-	a.Size = uint64(len(leasecore.StatusDocument(l, 0)))
+	a.Size = uint64(len(f.statusDoc(l)))
 	a.Blksize = 4096
 	ctime := l.HeartbeatAt
 	for _, t := range []time.Time{l.TakeoverRequestedAt, l.CompletedAt} {

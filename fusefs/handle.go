@@ -16,12 +16,19 @@ import (
 // lease it was opened on (SPEC §3).
 type leaseHandle struct {
 	fsys     *FS
-	id       string
 	resource string
-	// reserved is true for the handle whose create reserved the lease.
-	reserved bool
 
 	mu sync.Mutex
+	// id is the lease this open file refers to. It changes only when a
+	// flock or fcntl lock acquires the name for this open file (SPEC §6).
+	id string
+	// reserved is true for the handle whose create reserved the lease;
+	// authenticated once a write on it presented the lease's token. Either
+	// makes this open file a credential that a lock may bind (SPEC §6).
+	reserved, authenticated bool
+	// bound is true while this open file holds its lease by flock: the
+	// lease ends when the lock is released or the open file is.
+	bound bool
 	// snap is what this handle reads: the token or a status document,
 	// captured at the read at offset 0 so that chunked reads see one
 	// consistent document.
@@ -33,18 +40,23 @@ var (
 	_ = (fs.FileWriter)((*leaseHandle)(nil))
 	_ = (fs.FileFlusher)((*leaseHandle)(nil))
 	_ = (fs.FileFsyncer)((*leaseHandle)(nil))
-	_ = (fs.FileGetlker)((*leaseHandle)(nil))
-	_ = (fs.FileSetlker)((*leaseHandle)(nil))
-	_ = (fs.FileSetlkwer)((*leaseHandle)(nil))
+	_ = (fs.FileReleaser)((*leaseHandle)(nil))
 )
 
 func newHandle(f *FS, l leasecore.Lease, reserved bool) *leaseHandle {
 	return &leaseHandle{fsys: f, id: l.ID, resource: l.Resource, reserved: reserved}
 }
 
+// leaseID returns the lease the handle refers to now.
+func (h *leaseHandle) leaseID() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.id
+}
+
 // live returns the handle's lease if it is still live, ESTALE otherwise.
 func (h *leaseHandle) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
-	l, err := h.fsys.store.Load(ctx, h.id)
+	l, err := h.fsys.store.Load(ctx, h.leaseID())
 	if err != nil {
 		return l, toErrno(err)
 	}
@@ -73,7 +85,7 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 			}
 		}
 		if h.snap == nil {
-			h.snap = leasecore.StatusDocument(l, 0)
+			h.snap = h.fsys.statusDoc(l)
 		}
 	}
 	if off >= int64(len(h.snap)) {
@@ -106,20 +118,24 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	}
 	switch cmd.action {
 	case actionRenew:
-		_, err = h.fsys.store.Renew(ctx, h.id, cmd.token, cmd.ann)
+		if _, err = h.fsys.store.Renew(ctx, l.ID, cmd.token, cmd.ann); err == nil {
+			h.mu.Lock()
+			h.authenticated = h.authenticated || h.id == l.ID
+			h.mu.Unlock()
+		}
 	case actionComplete, actionAbandon:
 		status := leasecore.StatusComplete
 		if cmd.action == actionAbandon {
 			status = leasecore.StatusAbandoned
 		}
 		var ended leasecore.Lease
-		if ended, err = h.fsys.store.Release(ctx, h.id, cmd.token, status); err == nil {
+		if ended, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status); err == nil {
 			h.fsys.ended(ended)
-			h.fsys.log.Info("released", "resource", h.resource, "lease", h.id, "status", status, "uid", c.uid, "pid", c.pid)
+			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.pid)
 		}
 	case actionTakeover:
 		by := fmt.Sprintf("uid %d pid %d", c.uid, c.pid)
-		_, err = h.fsys.store.RequestTakeover(ctx, h.id, leasecore.TakeoverRequest{By: by, Reason: cmd.reason})
+		_, err = h.fsys.store.RequestTakeover(ctx, l.ID, leasecore.TakeoverRequest{By: by, Reason: cmd.reason})
 	}
 	if err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)
@@ -134,18 +150,17 @@ func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // Fsync does nothing: every change is durable before its write returns.
 func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
 
-// Getlk refuses lock queries with ENOLCK until handle leases exist: a lock
-// must never be silently local to the kernel (SPEC §6, §9).
-func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	return h.fsys.refuse("getlk", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
-}
-
-// Setlk refuses flock and fcntl locks with ENOLCK (see Getlk).
-func (h *leaseHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.fsys.refuse("setlk", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
-}
-
-// Setlkw refuses blocking flock and fcntl locks with ENOLCK (see Getlk).
-func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.fsys.refuse("setlkw", h.resource, callerOf(ctx), syscall.ENOLCK, "locks on lease files are not supported yet")
+// Release ends the handle lease bound to this open file by flock, as
+// complete: RELEASE comes once, when the last descriptor of the open file
+// is closed, including by the kernel when the holder dies (SPEC §6).
+// Leases held by a token or an fcntl lock are not touched.
+func (h *leaseHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	id, bound := h.id, h.bound
+	h.bound = false
+	h.mu.Unlock()
+	if bound {
+		h.fsys.endHandleLease(id, "open file released")
+	}
+	return 0
 }

@@ -54,7 +54,7 @@ func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Att
 	if errno != 0 {
 		return errno
 	}
-	fillLeaseAttr(l, &out.Attr)
+	n.fsys.fillLeaseAttr(l, &out.Attr)
 	return 0
 }
 
@@ -76,7 +76,7 @@ func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 	if size, ok := in.GetSize(); ok && size != 0 {
 		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "only truncation to zero is accepted")
 	}
-	fillLeaseAttr(l, &out.Attr)
+	n.fsys.fillLeaseAttr(l, &out.Attr)
 	return 0
 }
 

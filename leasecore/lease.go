@@ -130,7 +130,8 @@ type Namespace struct {
 // ([OpenFileStore]) is the default; other stores (etcd) implement the same
 // contract. All methods are safe for concurrent use. Methods that change the
 // store return only after the change is durable; on a *[PersistError] nothing
-// changed.
+// changed. ctx carries cancellation for stores that wait on a network
+// (etcd); the file store never blocks on anything but its disk and ignores it.
 type Store interface {
 	// Reserve grants a new lease on d.Resource if it has no live lease.
 	// Errors: *LeaseHeldError (ErrHeld), ErrQuota, ErrNoNamespace,
@@ -154,6 +155,11 @@ type Store interface {
 	// authorised the holder by other means (unlink by the holder uid, a
 	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
 	End(ctx context.Context, id string, status Status) (Lease, error)
+	// Bind turns live lease id into a handle lease (SPEC §6): mode handle,
+	// no expiry by time; it then ends only by [Store.End] or
+	// [Store.Release]. Binding a handle lease again is a no-op.
+	// Errors: ErrNotFound, ErrInactive, *PersistError.
+	Bind(ctx context.Context, id string) (Lease, error)
 	// RequestTakeover records a takeover request on live lease id.
 	// Errors: ErrNotFound, ErrInactive, ErrInvalidArgument, *PersistError.
 	RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error)

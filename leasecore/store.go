@@ -2,7 +2,6 @@ package leasecore
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -450,6 +449,3 @@ func (s *FileStore) snapshot(e *entry) Lease {
 	s.fillExpiry(&l)
 	return l
 }
-
-// errIfCanceled lets a caller give up before a mutation starts.
-func errIfCanceled(ctx context.Context) error { return ctx.Err() }

@@ -65,9 +65,6 @@ func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 	default:
 		return Grant{}, fmt.Errorf("%w: mode %q", ErrInvalidArgument, d.Mode)
 	}
-	if err := errIfCanceled(ctx); err != nil {
-		return Grant{}, err
-	}
 	if err := s.begin(true); err != nil {
 		return Grant{}, err
 	}
@@ -146,9 +143,6 @@ func (s *FileStore) lookupActive(id string) (*entry, error) {
 // Renew authenticates token and moves the heartbeat of lease id to now,
 // applying ann; see [Store.Renew].
 func (s *FileStore) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
-	if err := errIfCanceled(ctx); err != nil {
-		return Lease{}, err
-	}
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -185,9 +179,6 @@ func (s *FileStore) Release(ctx context.Context, id, token string, status Status
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
-	if err := errIfCanceled(ctx); err != nil {
-		return Lease{}, err
-	}
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -221,6 +212,28 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 	if err := s.endLocked(e, status, "ended by its holder"); err != nil {
 		return Lease{}, err
 	}
+	return s.snapshot(e), nil
+}
+
+// Bind turns live lease id into a handle lease; see [Store.Bind].
+func (s *FileStore) Bind(ctx context.Context, id string) (Lease, error) {
+	if err := s.begin(true); err != nil {
+		return Lease{}, err
+	}
+	defer s.mu.Unlock()
+	e, err := s.lookupActive(id)
+	if err != nil {
+		return Lease{}, err
+	}
+	if e.lease.Mode == ModeHandle {
+		return s.snapshot(e), nil
+	}
+	l := e.lease
+	l.Mode = ModeHandle
+	if err := s.writeRecord(&l, e.hash); err != nil {
+		return Lease{}, err
+	}
+	e.lease = l
 	return s.snapshot(e), nil
 }
 

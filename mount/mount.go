@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -52,7 +53,22 @@ type Options struct {
 	Logger *slog.Logger
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
+	// Takeover asks a daemon already serving the state directory to hand
+	// it over (drain, unmount, exit) instead of failing at once.
+	Takeover bool
+	// TakeoverTimeout bounds the wait for the running daemon to let go;
+	// default [DefaultTakeoverTimeout].
+	TakeoverTimeout time.Duration
 }
+
+// DefaultTakeoverTimeout is how long "mount --takeover" waits for the
+// running daemon to release the state directory.
+const DefaultTakeoverTimeout = 10 * time.Second
+
+// takeoverPoll is how often a daemon checks for a takeover request, and a
+// taking-over daemon retries the lock: well within the one second in which
+// a handover must start.
+const takeoverPoll = 100 * time.Millisecond
 
 // DefaultStateDir returns the embedded default state directory (SPEC §2):
 // $LEASEFS_STATE; else /var/lib/leasefs for root; else
@@ -107,12 +123,14 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
 	}
 
-	lock, err := leasecore.AcquireFileLock(filepath.Join(state, DaemonLockName),
-		leasecore.CurrentHolder("leasefs mount "+mp))
+	lockPath := filepath.Join(state, DaemonLockName)
+	lock, err := acquireDaemonLock(ctx, lockPath, leasecore.CurrentHolder("leasefs mount "+mp), opts, log)
 	if err != nil {
 		return err
 	}
 	defer lock.Release()
+	// A request addressed to an earlier holder is void now.
+	_ = leasecore.ClearTakeoverRequest(lockPath)
 
 	if err := cleanStale(mp, log); err != nil {
 		return err
@@ -139,7 +157,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	closeStore := sync.OnceFunc(func() { store.Close() })
+	defer closeStore()
 
 	lfs := fusefs.New(store, fusefs.Options{Logger: log})
 	root := os.Geteuid() == 0
@@ -177,15 +196,27 @@ func Run(ctx context.Context, opts Options) error {
 		close(reaped)
 	}()
 
+	takeover := watchTakeover(runCtx, lockPath)
 	select {
 	case <-ctx.Done():
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
+		unmount(server, mp, root, log)
+	case req := <-takeover:
+		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
+		lfs.Drain(runCtx)
 		unmount(server, mp, root, log)
 	case <-served:
 		log.Info("unmounted from outside", "mountpoint", mp)
 	}
 	stop()
 	<-reaped
+	// Open files of a lazily detached mount may still reach this daemon:
+	// close the store first so that nothing is written after the lock
+	// passes to another daemon.
+	closeStore()
+	if err := lock.Release(); err != nil {
+		log.Warn("releasing the daemon lock", "err", err)
+	}
 	select {
 	case <-served:
 	case <-time.After(unmountWait):
@@ -193,6 +224,65 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("stopped", "mountpoint", mp)
 	return nil
+}
+
+// acquireDaemonLock takes the state directory's daemon lock. When another
+// daemon holds it and opts.Takeover is set, it writes a takeover request and
+// retries until the holder lets go or opts.TakeoverTimeout passes.
+// Errors: *leasecore.HeldError naming the holder.
+func acquireDaemonLock(ctx context.Context, path string, me leasecore.HolderInfo, opts Options, log *slog.Logger) (*leasecore.FileLock, error) {
+	lock, err := leasecore.AcquireFileLock(path, me)
+	if err == nil || !opts.Takeover || !errors.Is(err, leasecore.ErrLockHeld) {
+		return lock, err
+	}
+	timeout := opts.TakeoverTimeout
+	if timeout <= 0 {
+		timeout = DefaultTakeoverTimeout
+	}
+	log.Info("asking the running daemon to hand over", "holder", err.Error(), "timeout", timeout.String())
+	if werr := leasecore.WriteTakeoverRequest(path, leasecore.LockTakeoverRequest{Requester: me}); werr != nil {
+		return nil, werr
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(takeoverPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = leasecore.ClearTakeoverRequest(path)
+			return nil, ctx.Err()
+		case <-deadline.C:
+			_ = leasecore.ClearTakeoverRequest(path)
+			return nil, fmt.Errorf("takeover timed out after %s: %w", timeout, err)
+		case <-tick.C:
+		}
+		if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+			return lock, err
+		}
+	}
+}
+
+// watchTakeover polls for a takeover request on the daemon lock at path and
+// delivers the first one.
+func watchTakeover(ctx context.Context, path string) <-chan leasecore.LockTakeoverRequest {
+	ch := make(chan leasecore.LockTakeoverRequest, 1)
+	go func() {
+		tick := time.NewTicker(takeoverPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if req, ok := leasecore.ReadTakeoverRequest(path); ok {
+				ch <- req
+				return
+			}
+		}
+	}()
+	return ch
 }
 
 // unmount unmounts mp, detaching it lazily when it is busy; the server keeps

@@ -1,0 +1,319 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// offsetMax is the end of a whole-file lock in FUSE (OFFSET_MAX, inclusive).
+const offsetMax = math.MaxInt64
+
+// waitPoll bounds how long a blocked lock waiter sleeps without a wake-up,
+// so that leases ended by paths that do not wake it (expiry noticed on
+// access, another mount) are still seen.
+const waitPoll = 200 * time.Millisecond
+
+// waiter is one blocked lock request in a resource's queue. It is not
+// zero-sized, so that distinct waiters have distinct addresses.
+type waiter struct{ _ byte }
+
+// posixKey identifies an fcntl lock owner (a process's file table) on one
+// FUSE node.
+type posixKey struct {
+	node  uint64
+	owner uint64
+}
+
+// lockRequest is one SETLK/SETLKW on a lease handle.
+type lockRequest struct {
+	c     caller
+	flock bool     // flock(2) rather than fcntl(2)
+	key   posixKey // fcntl only
+	block bool
+}
+
+// Getlk answers fcntl(F_GETLK): the holder of a live lease on the name,
+// unless it is the asking lock owner, is reported as a whole-file write
+// lock with the holder's pid (SPEC §6).
+func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	*out = fuse.FileLock{Typ: syscall.F_UNLCK}
+	l, err := h.fsys.store.Live(ctx, h.resource)
+	if err != nil {
+		return 0
+	}
+	if node, ok := h.fsys.requestNode(ctx); ok {
+		if id, held := h.fsys.posixLease(posixKey{node, owner}); held && id == l.ID {
+			return 0
+		}
+	}
+	*out = fuse.FileLock{Start: 0, End: offsetMax, Typ: syscall.F_WRLCK, Pid: uint32(max(l.HolderPID, 0))}
+	return 0
+}
+
+// Setlk takes or releases a lock without waiting (flock LOCK_NB, F_SETLK).
+func (h *leaseHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.setlk(ctx, owner, lk, flags, false)
+}
+
+// Setlkw takes a lock, waiting first come first served while another holds
+// the name (flock, F_SETLKW). A signal interrupts the wait with EINTR.
+func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.setlk(ctx, owner, lk, flags, true)
+}
+
+// setlk maps a lock request onto handle leases (SPEC §6). Errors: ENOLCK for
+// shared and byte-range locks; EWOULDBLOCK when another holds the name and
+// the caller will not wait; EINTR when a wait is interrupted; EAGAIN while
+// the daemon hands over to another; ESTALE, ENOSPC, EIO from the store.
+func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, block bool) syscall.Errno {
+	req := lockRequest{c: callerOf(ctx), flock: flags&fuse.FUSE_LK_FLOCK != 0, block: block}
+	op := "fcntl"
+	if req.flock {
+		op = "flock"
+	} else {
+		if lk.Start != 0 || lk.End != offsetMax {
+			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "byte-range locks are not supported: lock the whole file")
+		}
+		node, ok := h.fsys.requestNode(ctx)
+		if !ok {
+			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "lock owner unknown")
+		}
+		req.key = posixKey{node: node, owner: owner}
+	}
+	switch lk.Typ {
+	case syscall.F_RDLCK:
+		return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "leases are exclusive: shared locks are not supported")
+	case syscall.F_UNLCK:
+		h.unlock(req)
+		return 0
+	case syscall.F_WRLCK:
+		return h.lock(ctx, op, req)
+	}
+	return h.fsys.refuse(op, h.resource, req.c, syscall.EINVAL, "unknown lock type")
+}
+
+// unlock ends the handle lease held by the requesting lock owner, if any.
+func (h *leaseHandle) unlock(req lockRequest) {
+	if !req.flock {
+		h.fsys.posixClose(req.key)
+		return
+	}
+	h.mu.Lock()
+	id, bound := h.id, h.bound
+	h.bound = false
+	h.mu.Unlock()
+	if bound {
+		h.fsys.endHandleLease(id, "unlocked")
+	}
+}
+
+// lock binds the handle's own lease when this open file is its credential,
+// or acquires the name for this open file (SPEC §6).
+func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) syscall.Errno {
+	f := h.fsys
+	h.mu.Lock()
+	id, cred, bound := h.id, h.reserved || h.authenticated, h.bound
+	h.mu.Unlock()
+	if req.flock && bound {
+		return 0 // flock(2) on a lock this open file already holds
+	}
+	if !req.flock {
+		if held, ok := f.posixLease(req.key); ok {
+			if l, err := f.store.Load(ctx, held); err == nil && l.Live() {
+				return 0 // fcntl(2) by the owner that already holds it
+			}
+		}
+	}
+	if f.draining.Load() {
+		return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
+	}
+	if cred {
+		l, err := f.store.Load(ctx, id)
+		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
+			if l, err = f.store.Bind(ctx, id); err != nil {
+				return f.refuse(op, h.resource, req.c, toErrno(err), err)
+			}
+			h.bindTo(l, req)
+			return 0
+		}
+	}
+	return h.acquire(ctx, op, req)
+}
+
+// bindTo makes lease l the one this open file (flock) or lock owner (fcntl)
+// holds, and refers the handle to it.
+func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
+	f := h.fsys
+	f.forgetToken(l.ID) // once bound, the open file is the credential
+	h.mu.Lock()
+	h.id = l.ID
+	h.snap = nil
+	if req.flock {
+		h.bound = true
+	}
+	h.mu.Unlock()
+	if !req.flock {
+		f.mu.Lock()
+		f.posix[req.key] = l.ID
+		f.mu.Unlock()
+	}
+	f.log.Info("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
+		"uid", req.c.uid, "pid", req.c.pid, "flock", req.flock)
+}
+
+// acquire reserves a new handle lease on the name, waiting in the name's
+// queue when req.block and another holds it.
+func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) syscall.Errno {
+	f := h.fsys
+	var w *waiter
+	if req.block {
+		w = f.enqueue(h.resource)
+		defer f.leave(h.resource, w)
+	}
+	for {
+		wake := f.wakeup(h.resource)
+		if !req.block || f.isHead(h.resource, w) {
+			if f.draining.Load() {
+				return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
+			}
+			g, err := f.store.Reserve(ctx, leasecore.Draft{
+				Resource:  h.resource,
+				Mode:      leasecore.ModeHandle,
+				HolderUID: req.c.uid,
+				HolderGID: req.c.gid,
+				HolderPID: req.c.pid,
+			})
+			var held *leasecore.LeaseHeldError
+			switch {
+			case err == nil:
+				h.bindTo(g.Lease, req)
+				return 0
+			case !errors.As(err, &held):
+				return f.refuse(op, h.resource, req.c, toErrno(err), err)
+			case !req.block:
+				return f.refuse(op, h.resource, req.c, syscall.EWOULDBLOCK, "held by lease "+held.Holder.ID)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return f.refuse(op, h.resource, req.c, syscall.EINTR, "wait interrupted")
+		case <-wake:
+		case <-time.After(waitPoll):
+		}
+	}
+}
+
+// requestNode returns the FUSE node id of the lock request in ctx.
+func (f *FS) requestNode(ctx context.Context) (uint64, bool) {
+	fc, ok := ctx.(*fuse.Context)
+	if !ok {
+		return 0, false
+	}
+	v, ok := f.requests.Load(fc.Cancel)
+	if !ok {
+		return 0, false
+	}
+	return v.(uint64), true
+}
+
+// posixLease returns the lease held by fcntl lock owner key.
+func (f *FS) posixLease(key posixKey) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id, ok := f.posix[key]
+	return id, ok
+}
+
+// posixClose ends the handle lease held by fcntl lock owner key: the owner
+// unlocked, or closed a descriptor of the file (FLUSH), or died.
+func (f *FS) posixClose(key posixKey) {
+	f.mu.Lock()
+	id, ok := f.posix[key]
+	delete(f.posix, key)
+	f.mu.Unlock()
+	if ok {
+		f.endHandleLease(id, "fcntl lock released")
+	}
+}
+
+// endHandleLease ends handle lease id as complete, if it is still live, and
+// wakes the name's waiters.
+func (f *FS) endHandleLease(id, reason string) {
+	l, err := f.store.End(context.Background(), id, leasecore.StatusComplete)
+	if err != nil {
+		if !errors.Is(err, leasecore.ErrInactive) && !errors.Is(err, leasecore.ErrClosed) {
+			f.log.Error("ending handle lease failed", "lease", id, "err", err)
+		}
+		return
+	}
+	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", reason)
+	f.ended(l)
+}
+
+// enqueue appends a waiter to resource's queue.
+func (f *FS) enqueue(resource string) *waiter {
+	w := &waiter{}
+	f.mu.Lock()
+	f.queues[resource] = append(f.queues[resource], w)
+	f.mu.Unlock()
+	return w
+}
+
+// leave removes w from resource's queue and wakes the next waiter.
+func (f *FS) leave(resource string, w *waiter) {
+	f.mu.Lock()
+	q := slices.DeleteFunc(f.queues[resource], func(x *waiter) bool { return x == w })
+	if len(q) == 0 {
+		delete(f.queues, resource)
+	} else {
+		f.queues[resource] = q
+	}
+	f.mu.Unlock()
+	f.wake(resource)
+}
+
+// isHead reports whether w is first in resource's queue.
+func (f *FS) isHead(resource string, w *waiter) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := f.queues[resource]
+	return len(q) > 0 && q[0] == w
+}
+
+// waiters returns the number of blocked lock waiters on resource.
+func (f *FS) waiters(resource string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.queues[resource])
+}
+
+// wakeup returns a channel that is closed at the next [FS.wake] of resource.
+func (f *FS) wakeup(resource string) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := f.wakes[resource]
+	if ch == nil {
+		ch = make(chan struct{})
+		f.wakes[resource] = ch
+	}
+	return ch
+}
+
+// wake wakes every waiter of resource.
+func (f *FS) wake(resource string) {
+	f.mu.Lock()
+	ch := f.wakes[resource]
+	delete(f.wakes, resource)
+	f.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
