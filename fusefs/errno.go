@@ -7,8 +7,9 @@ import (
 	"github.com/leasefs/leasefs/leasecore"
 )
 
-// toErrno maps a store error to the errno of SPEC §9. Unknown errors become
-// EIO; persistence failures keep ENOSPC (and EDQUOT, EROFS) from the disk.
+// toErrno maps a store error to the errno of SPEC §9. A store that cannot
+// persist a change answers ENOSPC when the disk is full (or over its quota:
+// EDQUOT is reserved for the per-uid lease limit) and EIO otherwise.
 func toErrno(err error) syscall.Errno {
 	switch {
 	case err == nil:

@@ -263,6 +263,9 @@ func joinResource(dir, name string) string {
 	return dir + "/" + name
 }
 
+// nobody is the uid and gid assumed when a request carries no caller.
+const nobody = 65534
+
 // caller is the identity of the process behind a FUSE request.
 type caller struct {
 	uid, gid uint32
@@ -274,7 +277,8 @@ type caller struct {
 func callerOf(ctx context.Context) caller {
 	c, ok := fuse.FromContext(ctx)
 	if !ok {
-		return caller{}
+		// Never happens under go-fuse; fail closed as an unprivileged uid.
+		return caller{uid: nobody, gid: nobody}
 	}
 	return caller{uid: c.Uid, gid: c.Gid, pid: leasecore.ProcessTgid(int(c.Pid))}
 }

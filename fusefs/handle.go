@@ -79,7 +79,9 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	defer h.mu.Unlock()
 	if off == 0 || h.snap == nil {
 		h.snap = nil
-		if c.mayHold(l) {
+		// The token is revealed only to a read from offset 0, so that it is
+		// always delivered whole.
+		if off == 0 && c.mayHold(l) {
 			if tok, ok := h.fsys.takeToken(l.ID); ok {
 				h.snap = []byte(tok + "\n")
 			}

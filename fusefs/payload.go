@@ -104,7 +104,8 @@ func parsePayload(p []byte) (command, error) {
 		Client:           tc.Client,
 	}
 	if tc.PID != nil {
-		if *tc.PID <= 0 || *tc.PID > 1<<22 {
+		// pid = 0 clears a recorded pid.
+		if *tc.PID < 0 || *tc.PID > 1<<22 {
 			return command{}, fmt.Errorf("%w: pid %d out of range", errBadPayload, *tc.PID)
 		}
 		pid := int(*tc.PID)

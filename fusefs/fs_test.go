@@ -1,0 +1,373 @@
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// TestMain fails the package when a goroutine of [FS.Run] outlives the
+// tests. goleak is not a dependency of the module, so the check looks for
+// Run's frames in a dump of all goroutines instead; go-fuse starts no
+// goroutines here, since nothing is mounted.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if leak := leakedRun(); leak != "" {
+			fmt.Fprintf(os.Stderr, "leaked FS.Run goroutine:\n%s\n", leak)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// leakedRun returns the stack of a goroutine still inside FS.Run, waiting
+// up to a second for goroutines that are on their way out.
+func leakedRun() string {
+	deadline := time.Now().Add(time.Second)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leak string
+		for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
+			if bytes.Contains(g, []byte("fusefs.(*FS).Run(")) {
+				leak = string(g)
+				break
+			}
+		}
+		if leak == "" || time.Now().After(deadline) {
+			return leak
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+const (
+	uidAlice = 1000
+	uidBob   = 1001
+	uidRoot  = 0
+)
+
+// testEnv is a lease filesystem over a file store in a temporary directory,
+// with a fake clock, built without a mount.
+type testEnv struct {
+	clock *leasecore.FakeClock
+	store *leasecore.FileStore
+	fsys  *FS
+	root  *dirNode
+}
+
+// newEnv builds the node tree of a filesystem over a fresh store. The zero
+// opts fields take the store's defaults; the clock is always fake.
+func newEnv(t *testing.T, opts leasecore.Options) *testEnv {
+	t.Helper()
+	clock := leasecore.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
+	opts.Clock = clock
+	opts.Logger = slog.New(slog.DiscardHandler)
+	if opts.Host == "" {
+		opts.Host = "testhost"
+	}
+	store, err := leasecore.OpenFileStore(t.TempDir(), opts)
+	if err != nil {
+		t.Fatalf("OpenFileStore: %v", err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	return newEnvOn(t, clock, store, store, Options{})
+}
+
+// newEnvOn builds the node tree over s (which may wrap fstore).
+func newEnvOn(t *testing.T, clock *leasecore.FakeClock, fstore *leasecore.FileStore, s leasecore.Store, opts Options) *testEnv {
+	t.Helper()
+	opts.Logger = slog.New(slog.DiscardHandler)
+	f := New(s, opts)
+	_ = f.RawFileSystem() // initialises the inode tree
+	return &testEnv{clock: clock, store: fstore, fsys: f, root: f.root}
+}
+
+// as returns a request context from uid (gid = uid), from this process.
+func as(uid uint32) context.Context {
+	return fuse.NewContext(context.Background(), &fuse.Caller{
+		Owner: fuse.Owner{Uid: uid, Gid: uid},
+		Pid:   uint32(os.Getpid()),
+	})
+}
+
+// create calls Create on d and checks the handle type.
+func create(t *testing.T, ctx context.Context, d *dirNode, name string, flags uint32) (*fs.Inode, *leaseHandle, *fuse.EntryOut, syscall.Errno) {
+	t.Helper()
+	var out fuse.EntryOut
+	ino, fh, fuseFlags, errno := d.Create(ctx, name, flags, 0o644, &out)
+	if errno != 0 {
+		if ino != nil || fh != nil {
+			t.Errorf("Create(%q) = errno %v with a node or handle", name, errno)
+		}
+		return nil, nil, &out, errno
+	}
+	if fuseFlags&fuse.FOPEN_DIRECT_IO == 0 {
+		t.Errorf("Create(%q) flags %#x lack FOPEN_DIRECT_IO", name, fuseFlags)
+	}
+	h, ok := fh.(*leaseHandle)
+	if !ok {
+		t.Fatalf("Create(%q) handle is %T", name, fh)
+	}
+	return ino, h, &out, 0
+}
+
+// mustCreate reserves name in d as ctx's caller with O_CREAT|O_EXCL|O_RDWR.
+func mustCreate(t *testing.T, ctx context.Context, d *dirNode, name string) (*leaseNode, *leaseHandle) {
+	t.Helper()
+	ino, h, _, errno := create(t, ctx, d, name, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR)
+	if errno != 0 {
+		t.Fatalf("Create(%q): %v", name, errno)
+	}
+	return ino.Operations().(*leaseNode), h
+}
+
+// read reads from h at off into a buffer of n bytes.
+func read(ctx context.Context, h *leaseHandle, n int, off int64) ([]byte, syscall.Errno) {
+	res, errno := h.Read(ctx, make([]byte, n), off)
+	if errno != 0 {
+		return nil, errno
+	}
+	b, st := res.Bytes(make([]byte, n))
+	if st != fuse.OK {
+		return nil, syscall.Errno(st)
+	}
+	return bytes.Clone(b), 0
+}
+
+// readDoc reads h from offset 0 to the end in chunks of chunk bytes, as
+// cat does on a direct-I/O file.
+func readDoc(t *testing.T, ctx context.Context, h *leaseHandle, chunk int) []byte {
+	t.Helper()
+	var doc []byte
+	for off := int64(0); ; {
+		b, errno := read(ctx, h, chunk, off)
+		if errno != 0 {
+			t.Fatalf("Read at %d: %v", off, errno)
+		}
+		if len(b) == 0 {
+			return doc
+		}
+		if len(b) > chunk {
+			t.Fatalf("Read at %d returned %d bytes into %d", off, len(b), chunk)
+		}
+		doc = append(doc, b...)
+		off += int64(len(b))
+		if off > 1<<20 {
+			t.Fatalf("Read never reaches the end")
+		}
+	}
+}
+
+// readToken reads the token from h, checking its form.
+func readToken(t *testing.T, ctx context.Context, h *leaseHandle) string {
+	t.Helper()
+	b, errno := read(ctx, h, 4096, 0)
+	if errno != 0 {
+		t.Fatalf("Read token: %v", errno)
+	}
+	tok, ok := strings.CutSuffix(string(b), "\n")
+	if !ok || !strings.HasPrefix(tok, leasecore.TokenPrefix) || len(tok) != len(leasecore.TokenPrefix)+39 {
+		t.Fatalf("first read = %q, want hwl_<39 chars> and a newline", b)
+	}
+	return tok
+}
+
+// write writes payload to h at offset 0.
+func write(ctx context.Context, h *leaseHandle, payload string) syscall.Errno {
+	n, errno := h.Write(ctx, []byte(payload), 0)
+	if errno == 0 && int(n) != len(payload) {
+		return syscall.EIO
+	}
+	return errno
+}
+
+// liveCount returns the number of live leases in the store.
+func liveCount(t *testing.T, s leasecore.Store) int {
+	t.Helper()
+	ls, err := s.List(context.Background())
+	if err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	return len(ls)
+}
+
+// hasToken reports whether f still keeps the unrevealed token of lease id.
+func hasToken(f *FS, id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.tokens[id]
+	return ok
+}
+
+// reapSpy reports the leases each Reap ended. Polling the store itself
+// would not show that Run reaps: every read of the store ends dead leases
+// on access.
+type reapSpy struct {
+	leasecore.Store
+	reaped chan []leasecore.Lease
+}
+
+func (s *reapSpy) Reap(ctx context.Context) ([]leasecore.Lease, error) {
+	ended, err := s.Store.Reap(ctx)
+	if len(ended) > 0 {
+		select {
+		case s.reaped <- ended:
+		default:
+		}
+	}
+	return ended, err
+}
+
+func TestRunReapsExpiredLeases(t *testing.T) {
+	base := newEnv(t, leasecore.Options{LeaseDuration: time.Minute})
+	spy := &reapSpy{Store: base.store, reaped: make(chan []leasecore.Lease, 16)}
+	e := newEnvOn(t, base.clock, base.store, spy, Options{ReapInterval: 10 * time.Millisecond})
+
+	var out fuse.EntryOut
+	nsIno, errno := e.root.Mkdir(as(uidAlice), "ns", 0o755, &out)
+	if errno != 0 {
+		t.Fatalf("Mkdir: %v", errno)
+	}
+	ns := nsIno.Operations().(*dirNode)
+	ino, _, _, errno := create(t, as(uidAlice), ns, "job", syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR)
+	if errno != 0 {
+		t.Fatalf("Create: %v", errno)
+	}
+	// Attach the nodes as the kernel bridge would, so that Run walks the
+	// tree to invalidate the reaped lease (NotifyDelete answers ENOSYS
+	// without a server).
+	e.root.AddChild("ns", nsIno, false)
+	nsIno.AddChild("job", ino, false)
+	id := ino.Operations().(*leaseNode).id
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.fsys.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	e.clock.Advance(time.Minute + time.Second)
+	var reaped []leasecore.Lease
+	select {
+	case reaped = <-spy.reaped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not reap the expired lease within 5s")
+	}
+	if len(reaped) != 1 || reaped[0].ID != id || reaped[0].Status != leasecore.StatusAbandoned {
+		t.Fatalf("reaped %+v, want lease %s abandoned", reaped, id)
+	}
+	// Run forgets the token after Reap returns: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); hasToken(e.fsys, id); {
+		if time.Now().After(deadline) {
+			t.Fatal("the unrevealed token of a reaped lease is still kept")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := liveCount(t, base.store); n != 0 {
+		t.Errorf("%d live leases after reaping, want 0", n)
+	}
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
+}
+
+// TestRunDrainsEndedQueue checks that leases ended by a write are handed to
+// Run, and that Run survives invalidating them without a server.
+func TestRunDrainsEndedQueue(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	ctx := as(uidAlice)
+	n, h := mustCreate(t, ctx, e.root, "q")
+	e.root.AddChild("q", n.EmbeddedInode(), false)
+	tok := readToken(t, ctx, h)
+	if errno := write(ctx, h, "token = \""+tok+"\"\naction = \"complete\"\n"); errno != 0 {
+		t.Fatalf("complete: %v", errno)
+	}
+	if len(e.fsys.gone) != 1 {
+		t.Fatalf("%d leases queued for invalidation, want 1", len(e.fsys.gone))
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.fsys.Run(runCtx)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.fsys.gone) > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if len(e.fsys.gone) != 0 {
+		t.Fatal("Run did not drain the queue of ended leases")
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	tests := []struct {
+		duration time.Duration
+		want     time.Duration
+	}{
+		{time.Second, 100 * time.Millisecond},
+		{100 * time.Millisecond, 50 * time.Millisecond},
+		{leasecore.DefaultLeaseDuration, time.Second},
+	}
+	for _, tt := range tests {
+		e := newEnv(t, leasecore.Options{LeaseDuration: tt.duration})
+		f := New(e.store, Options{})
+		if f.opts.ReapInterval != tt.want {
+			t.Errorf("lease duration %v: reap interval %v, want %v", tt.duration, f.opts.ReapInterval, tt.want)
+		}
+		if f.log == nil {
+			t.Error("nil logger")
+		}
+		if f.opts.RootUID != uint32(os.Getuid()) || f.opts.RootGID != uint32(os.Getgid()) {
+			t.Errorf("root owner %d:%d, want the daemon's", f.opts.RootUID, f.opts.RootGID)
+		}
+	}
+}
+
+func TestSplitJoinResource(t *testing.T) {
+	for _, r := range []string{"a", "a/b", "a/b/c"} {
+		dir, name := splitResource(r)
+		if got := joinResource(dir, name); got != r {
+			t.Errorf("join(split(%q)) = %q", r, got)
+		}
+	}
+	if dir, name := splitResource("a/b/c"); dir != "a/b" || name != "c" {
+		t.Errorf("split(a/b/c) = %q, %q", dir, name)
+	}
+}
+
+func TestCallerOfWithoutCaller(t *testing.T) {
+	if c := callerOf(context.Background()); c != (caller{uid: nobody, gid: nobody}) {
+		t.Errorf("callerOf(no caller) = %+v, want the unprivileged nobody", c)
+	}
+	c := callerOf(as(uidBob))
+	if c.uid != uidBob || c.gid != uidBob || c.pid != os.Getpid() {
+		t.Errorf("callerOf = %+v, want uid/gid %d pid %d", c, uidBob, os.Getpid())
+	}
+}
