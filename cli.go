@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"runtime/debug"
 	"text/tabwriter"
 	"time"
@@ -107,8 +108,10 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 
 // openReadOnly opens the store at state for reading under its shared lock.
 func openReadOnly(state string) (*leasecore.FileStore, error) {
+	held, ok := leasecore.FlockHeld(filepath.Join(state, mount.DaemonLockName))
 	return leasecore.OpenFileStore(state, leasecore.Options{
 		ReadOnly: true,
+		NoDaemon: ok && !held,
 		Logger:   slog.New(slog.DiscardHandler),
 	})
 }

@@ -3,15 +3,19 @@ package leasecore
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ProcessStartTicks returns the start time of process pid in clock ticks
 // since boot (field 22 of /proc/<pid>/stat, proc(5)), which with the pid
 // identifies one process across pid reuse. ok is false when the process does
-// not exist or /proc cannot be read. Safe for concurrent use.
+// not exist, has exited but not been reaped (a zombie), or /proc cannot be
+// read. Safe for concurrent use.
 func ProcessStartTicks(pid int) (ticks uint64, ok bool) {
 	if pid <= 0 {
 		return 0, false
@@ -27,8 +31,9 @@ func ProcessStartTicks(pid int) (ticks uint64, ok bool) {
 		return 0, false
 	}
 	fields := bytes.Fields(data[i+1:])
-	// fields[0] is field 3 (state); field 22 is fields[19].
-	if len(fields) < 20 {
+	// fields[0] is field 3 (state); field 22 is fields[19]. A zombie (Z)
+	// or dead (X) process has exited: only its parent has not reaped it.
+	if len(fields) < 20 || bytes.Equal(fields[0], []byte("Z")) || bytes.Equal(fields[0], []byte("X")) {
 		return 0, false
 	}
 	ticks, err = strconv.ParseUint(string(fields[19]), 10, 64)
@@ -48,6 +53,9 @@ func processGone(pid int, startTicks uint64) bool {
 	}
 	ticks, ok := ProcessStartTicks(pid)
 	if !ok {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+			return true // a zombie: exited, not yet reaped
+		}
 		// /proc unreadable for this pid: ask the kernel directly.
 		err := syscall.Kill(pid, 0)
 		return errors.Is(err, syscall.ESRCH)
@@ -74,4 +82,29 @@ func ProcessTgid(tid int) int {
 		}
 	}
 	return tid
+}
+
+// FlockHeld reports whether some process holds a flock(2) lock on the file
+// at path, by finding its device and inode among the FLOCK entries of
+// /proc/locks (proc(5)). It takes no lock itself, so probing never disturbs
+// the holder. ok is false when path or /proc/locks cannot be read.
+func FlockHeld(path string) (held, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false, false
+	}
+	data, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false, false
+	}
+	// "1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF": the device is
+	// major:minor in hex, the inode in decimal.
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		f := bytes.Fields(line)
+		if len(f) >= 6 && string(f[1]) == "FLOCK" && string(f[5]) == want {
+			return true, true
+		}
+	}
+	return false, true
 }

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,6 +53,10 @@ type Options struct {
 	// written, dead leases are filtered out instead of ended, and mutating
 	// methods return ErrReadOnly. Used by "leasefs ls" and "history".
 	ReadOnly bool
+	// NoDaemon, with ReadOnly, says that no daemon serves the directory:
+	// handle leases, which live only as long as a daemon's open files, are
+	// then reported dead (SPEC §2).
+	NoDaemon bool
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended at open; default slog.Default().
 	Logger *slog.Logger
@@ -153,9 +159,12 @@ func (s *FileStore) openFiles() error {
 		flags = os.O_RDONLY
 	}
 	var err error
-	if s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_CLOEXEC, 0o600); err != nil {
+	s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_CLOEXEC, 0o600)
+	if err != nil && !(s.opts.ReadOnly && errors.Is(err, fs.ErrNotExist)) {
 		return fmt.Errorf("leasecore: open store lock: %w", err)
 	}
+	// A read-only store without a lock file reads a directory that no
+	// writer has used: there is nothing to serialise against.
 	if s.dirFile, err = os.Open(s.dir); err != nil {
 		return fmt.Errorf("leasecore: open store: %w", err)
 	}
@@ -176,6 +185,9 @@ func (s *FileStore) closeFiles() {
 // flock takes the cross-process store lock, retrying on EINTR, and returns
 // its release.
 func (s *FileStore) flock(how int) (func(), error) {
+	if s.lockFile == nil {
+		return func() {}, nil
+	}
 	for {
 		err := unix.Flock(int(s.lockFile.Fd()), how)
 		if err == nil {
@@ -210,7 +222,7 @@ func (s *FileStore) load() error {
 	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
 	for _, name := range names {
 		path := filepath.Join(s.dir, name)
-		if strings.HasPrefix(name, ".lease-") {
+		if strings.HasPrefix(name, ".lease-") && !strings.HasSuffix(name, ".toml") {
 			// A temporary file left by a crash mid-write: the record it was
 			// to replace is intact, so the leftover is garbage.
 			if !s.opts.ReadOnly {
@@ -222,7 +234,7 @@ func (s *FileStore) load() error {
 		if !ok || ValidateLeaseID(id) != nil {
 			continue
 		}
-		data, err := os.ReadFile(path)
+		data, err := readRecordFile(path)
 		if err != nil {
 			s.opts.Logger.Warn("skipping unreadable lease record", "path", path, "err", err)
 			continue
@@ -246,6 +258,16 @@ func (s *FileStore) load() error {
 		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64); err == nil {
 			s.hwSaved = n
 			s.hw = max(s.hw, n)
+		}
+	}
+	if !s.opts.ReadOnly {
+		// Temporary files of the generation and namespaces files left by
+		// a crash mid-write.
+		for _, pattern := range []string{"." + generationName + "*", "." + namespacesName + "*"} {
+			leftovers, _ := filepath.Glob(filepath.Join(s.state, pattern))
+			for _, p := range leftovers {
+				_ = os.Remove(p)
+			}
 		}
 	}
 	if err := s.loadNamespaces(); err != nil {
@@ -322,6 +344,27 @@ func (s *FileStore) dropLive(e *entry) {
 	}
 }
 
+// readRecordFile reads a record without following symlinks or blocking on
+// special files: only a regular file of at most maxRecordBytes is read.
+func readRecordFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", st.Mode().Type())
+	}
+	if st.Size() > maxRecordBytes {
+		return nil, fmt.Errorf("record of %d bytes exceeds %d", st.Size(), maxRecordBytes)
+	}
+	return io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
+}
+
 // writeFile replaces path atomically and durably: a pending file in the same
 // directory, fsync, rename, fsync of the directory (SPEC §4.3).
 func writeFile(dir *os.File, path string, data []byte) error {
@@ -363,6 +406,9 @@ func (s *FileStore) deadReason(e *entry) string {
 	l := &e.lease
 	if l.Status != StatusActive {
 		return "ended"
+	}
+	if l.Mode == ModeHandle && s.opts.ReadOnly && s.opts.NoDaemon {
+		return "no daemon holds its open file"
 	}
 	if l.Mode == ModeToken && s.opts.Clock.Mono()-e.hbMono >= s.opts.LeaseDuration {
 		return "heartbeat expired"

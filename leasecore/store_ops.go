@@ -8,12 +8,23 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
 
 // maxAnnotationLen bounds each annotation string and takeover reason.
 const maxAnnotationLen = 1024
+
+// checkText validates a string that will be stored in a record: at most
+// maxAnnotationLen bytes of valid UTF-8 without NUL, so that every record
+// written can be read back by a TOML parser.
+func checkText(s string) error {
+	if len(s) > maxAnnotationLen || strings.ContainsRune(s, 0) || !utf8.ValidString(s) {
+		return fmt.Errorf("%w: text longer than %d bytes, with NUL or not valid UTF-8", ErrInvalidArgument, maxAnnotationLen)
+	}
+	return nil
+}
 
 // applyAnnotations validates ann and applies it to l.
 func applyAnnotations(l *Lease, ann Annotations) error {
@@ -31,8 +42,8 @@ func applyAnnotations(l *Lease, ann Annotations) error {
 		if f.src == nil {
 			continue
 		}
-		if len(*f.src) > maxAnnotationLen || strings.ContainsRune(*f.src, 0) {
-			return fmt.Errorf("%w: annotation longer than %d bytes or with NUL", ErrInvalidArgument, maxAnnotationLen)
+		if err := checkText(*f.src); err != nil {
+			return err
 		}
 		*f.dst = *f.src
 	}
@@ -88,7 +99,14 @@ func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 		}
 	}
 	if s.perUID[d.HolderUID] >= s.opts.MaxLeasesPerUID {
-		return Grant{}, fmt.Errorf("%w: uid %d holds %d live leases", ErrQuota, d.HolderUID, s.perUID[d.HolderUID])
+		// The count includes leases that died since they were last
+		// looked at: end those before refusing (SPEC §7 limits live ones).
+		if _, err := s.liveLocked(func(e *entry) bool { return e.lease.HolderUID == d.HolderUID }); err != nil {
+			return Grant{}, err
+		}
+		if s.perUID[d.HolderUID] >= s.opts.MaxLeasesPerUID {
+			return Grant{}, fmt.Errorf("%w: uid %d holds %d live leases", ErrQuota, d.HolderUID, s.perUID[d.HolderUID])
+		}
 	}
 	now := s.opts.Clock.Now().UTC()
 	token := NewToken()
@@ -239,9 +257,10 @@ func (s *FileStore) Bind(ctx context.Context, id string) (Lease, error) {
 
 // RequestTakeover records req on live lease id; see [Store.RequestTakeover].
 func (s *FileStore) RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error) {
-	if len(req.By) > maxAnnotationLen || len(req.Reason) > maxAnnotationLen ||
-		strings.ContainsRune(req.By+req.Reason, 0) {
-		return Lease{}, fmt.Errorf("%w: takeover request longer than %d bytes or with NUL", ErrInvalidArgument, maxAnnotationLen)
+	for _, text := range []string{req.By, req.Reason} {
+		if err := checkText(text); err != nil {
+			return Lease{}, err
+		}
 	}
 	if err := s.begin(true); err != nil {
 		return Lease{}, err

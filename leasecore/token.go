@@ -94,8 +94,11 @@ func ValidateName(name string) error {
 // by single slashes, each valid under [ValidateName], at most 4096 bytes in
 // all. It returns an error wrapping [ErrNameTooLong] or [ErrInvalidName].
 func ValidateResource(resource string) error {
-	if resource == "" || len(resource) > 4096 {
-		return fmt.Errorf("%w: resource of %d bytes", ErrInvalidName, len(resource))
+	switch {
+	case resource == "":
+		return fmt.Errorf("%w: empty resource", ErrInvalidName)
+	case len(resource) > 4096:
+		return fmt.Errorf("%w: resource of %d bytes", ErrNameTooLong, len(resource))
 	}
 	for part := range strings.SplitSeq(resource, "/") {
 		if err := ValidateName(part); err != nil {

@@ -1,0 +1,55 @@
+package leasecore
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// BenchmarkReserveAmong measures Reserve and End of a fresh name in a store
+// that already holds n ended records: the cost must not grow with n.
+func BenchmarkReserveAmong(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			state := b.TempDir()
+			dir := filepath.Join(state, LeasesDir)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				l := Lease{
+					ID: NewLeaseID(), Resource: fmt.Sprintf("old-%d", i), Status: StatusComplete, Mode: ModeToken,
+					Generation: uint64(i + 1), StartedAt: testStart, HeartbeatAt: testStart,
+					CompletedAt: testStart.Add(time.Duration(i) * time.Millisecond),
+				}
+				data, err := encodeRecord(toRecord(&l, HashToken(NewToken())))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, l.ID+".toml"), data, 0o600); err != nil {
+					b.Fatal(err)
+				}
+			}
+			s := openStore(b, state, Options{Clock: NewFakeClock(testStart)})
+			if hist, err := s.History(context.Background(), ""); err != nil || len(hist) != n {
+				b.Fatalf("History = %d records, %v; want %d", len(hist), err, n)
+			}
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				g, err := s.Reserve(ctx, Draft{Resource: "fresh-" + strconv.Itoa(i)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.End(ctx, g.Lease.ID, StatusComplete); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+}

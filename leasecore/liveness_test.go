@@ -1,0 +1,301 @@
+package leasecore
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// startSleeper starts `sleep 30` and kills it when the test ends if the test
+// has not already.
+func startSleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("cannot start sleep: %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// exitedPID returns the pid of a child that has exited and been reaped.
+func exitedPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("cannot run true: %v", err)
+	}
+	return cmd.Process.Pid
+}
+
+func TestProcessStartTicks(t *testing.T) {
+	t.Parallel()
+	a, ok := ProcessStartTicks(os.Getpid())
+	if !ok || a == 0 {
+		t.Fatalf("ProcessStartTicks(self) = %d, %v", a, ok)
+	}
+	b, ok := ProcessStartTicks(os.Getpid())
+	if !ok || a != b {
+		t.Fatalf("ProcessStartTicks(self) not stable: %d then %d", a, b)
+	}
+	child := startSleeper(t)
+	c, ok := ProcessStartTicks(child.Process.Pid)
+	if !ok || c < a {
+		t.Errorf("child started at %d (%v), before its parent at %d", c, ok, a)
+	}
+	for _, pid := range []int{0, -1, exitedPID(t)} {
+		if ticks, ok := ProcessStartTicks(pid); ok {
+			t.Errorf("ProcessStartTicks(%d) = %d, true; want not ok", pid, ticks)
+		}
+	}
+}
+
+func TestProcessGone(t *testing.T) {
+	t.Parallel()
+	self := os.Getpid()
+	ticks, ok := ProcessStartTicks(self)
+	if !ok {
+		t.Skip("no /proc")
+	}
+	tests := []struct {
+		name  string
+		pid   int
+		ticks uint64
+		want  bool
+	}{
+		{"self with its start time", self, ticks, false},
+		{"self with unknown start time", self, 0, false},
+		{"self with another start time (pid reused)", self, ticks + 1, true},
+		{"exited process", exitedPID(t), ticks, true},
+		{"exited process, unknown start time", exitedPID(t), 0, true},
+		{"no pid", 0, 0, false},
+	}
+	for _, tc := range tests {
+		if got := processGone(tc.pid, tc.ticks); got != tc.want {
+			t.Errorf("%s: processGone(%d, %d) = %v, want %v", tc.name, tc.pid, tc.ticks, got, tc.want)
+		}
+	}
+}
+
+func TestProcessTgid(t *testing.T) {
+	t.Parallel()
+	if got := ProcessTgid(os.Getpid()); got != os.Getpid() {
+		t.Errorf("ProcessTgid(self) = %d", got)
+	}
+	done := make(chan int)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		done <- unix.Gettid()
+	}()
+	tid := <-done
+	if got := ProcessTgid(tid); got != os.Getpid() {
+		t.Errorf("ProcessTgid(thread %d) = %d, want %d", tid, got, os.Getpid())
+	}
+	if got := ProcessTgid(-3); got != -3 {
+		t.Errorf("ProcessTgid(-3) = %d", got)
+	}
+}
+
+func TestHolderPIDDeathEndsLease(t *testing.T) {
+	t.Parallel()
+	s, clock, _ := newStore(t, Options{})
+	ctx := context.Background()
+	child := startSleeper(t)
+	pid := child.Process.Pid
+	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &pid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks, _ := ProcessStartTicks(pid)
+	if g.Lease.PID != pid || g.Lease.PIDStartTicks != ticks || ticks == 0 {
+		t.Fatalf("lease pid %d ticks %d, want %d %d", g.Lease.PID, g.Lease.PIDStartTicks, pid, ticks)
+	}
+	if _, err := s.Live(ctx, "x"); err != nil {
+		t.Fatalf("Live while the holder runs: %v", err)
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	child.Wait()
+	clock.Advance(time.Second)
+
+	_, err = s.Live(ctx, "x")
+	wantErr(t, "Live after the holder process died", err, ErrNotFound)
+	hist, err := s.History(ctx, "x")
+	if err != nil || len(hist) != 1 || hist[0].ID != g.Lease.ID || hist[0].Status != StatusAbandoned ||
+		!hist[0].CompletedAt.Equal(clock.Now()) {
+		t.Fatalf("History = %+v, %v; want %s abandoned", hist, err, g.Lease.ID)
+	}
+	reserve(t, s, "x")
+}
+
+func TestHolderPIDAnnotationOnRenew(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	ctx := context.Background()
+	g := reserve(t, s, "x")
+	child := startSleeper(t)
+	pid := child.Process.Pid
+	l, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &pid})
+	if err != nil || l.PID != pid {
+		t.Fatalf("Renew with pid = %+v, %v", l, err)
+	}
+	zero := 0
+	l, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &zero})
+	if err != nil || l.PID != 0 || l.PIDStartTicks != 0 {
+		t.Fatalf("Renew with pid 0 did not clear it: %+v, %v", l, err)
+	}
+	child.Process.Kill()
+	child.Wait()
+	if _, err := s.Live(ctx, "x"); err != nil {
+		t.Fatalf("a cleared pid still kills the lease: %v", err)
+	}
+}
+
+func TestNotRunningPIDRefused(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	ctx := context.Background()
+	for _, pid := range []int{exitedPID(t), -1, 1 << 30} {
+		_, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &pid}})
+		wantErr(t, "Reserve with pid "+strconv.Itoa(pid), err, ErrInvalidArgument)
+	}
+	g := reserve(t, s, "x")
+	bad := exitedPID(t)
+	_, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &bad})
+	wantErr(t, "Renew with a dead pid", err, ErrInvalidArgument)
+	if l, err := s.Live(ctx, "x"); err != nil || l.PID != 0 {
+		t.Fatalf("refused renew changed the lease: %+v, %v", l, err)
+	}
+}
+
+// rewriteRecord decodes the record of id, applies mut and writes it back.
+func rewriteRecord(t *testing.T, state, id string, mut func(*record)) {
+	t.Helper()
+	r, err := decodeRecord(readFile(t, recordPath(state, id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mut(r)
+	writeRecordFile(t, state, r)
+}
+
+func TestBootIDMismatchEndsLease(t *testing.T) {
+	t.Parallel()
+	if BootID() == "" {
+		t.Skip("no boot id on this machine")
+	}
+	for _, withPID := range []bool{false, true} {
+		t.Run("pid="+strconv.FormatBool(withPID), func(t *testing.T) {
+			t.Parallel()
+			s, clock, state := newStore(t, Options{})
+			ctx := context.Background()
+			g := reserve(t, s, "x")
+			other := reserve(t, s, "y")
+			s.Close()
+			rewriteRecord(t, state, g.Lease.ID, func(r *record) {
+				r.BootID = "other-boot"
+				if withPID {
+					// A pid from another boot says nothing about this boot's
+					// processes; our own pid is running, and must not save it.
+					r.PID = int64(os.Getpid())
+				}
+			})
+			s2 := openStore(t, state, Options{Clock: clock})
+			_, err := s2.Live(ctx, "x")
+			wantErr(t, "Live of a lease from another boot", err, ErrNotFound)
+			l, err := s2.Load(ctx, g.Lease.ID)
+			if err != nil || l.Status != StatusAbandoned || l.CompletedAt.IsZero() {
+				t.Fatalf("lease from another boot = %+v, %v", l, err)
+			}
+			if _, err := s2.Live(ctx, "y"); err != nil {
+				t.Fatalf("lease %s of this boot: %v", other.Lease.ID, err)
+			}
+		})
+	}
+}
+
+func TestPIDReuseEndsLease(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newStore(t, Options{})
+	ctx := context.Background()
+	self := os.Getpid()
+	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &self}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reused, err := s.Reserve(ctx, Draft{Resource: "reused", Annotations: Annotations{PID: &self}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	rewriteRecord(t, state, reused.Lease.ID, func(r *record) { r.PIDStartTicks++ })
+	s2 := openStore(t, state, Options{Clock: clock})
+	if _, err := s2.Live(ctx, "x"); err != nil {
+		t.Fatalf("lease of a running pid with its start time: %v", err)
+	}
+	_, err = s2.Live(ctx, "reused")
+	wantErr(t, "Live of a lease whose pid was reused", err, ErrNotFound)
+	s2.Close()
+
+	// A reference record has a pid but no start time: existence decides.
+	rewriteRecord(t, state, g.Lease.ID, func(r *record) { r.PIDStartTicks = 0 })
+	s3 := openStore(t, state, Options{Clock: clock})
+	if _, err := s3.Live(ctx, "x"); err != nil {
+		t.Fatalf("pid without start time, process running: %v", err)
+	}
+}
+
+func TestBootIDFormat(t *testing.T) {
+	t.Parallel()
+	id := BootID()
+	if id == "" {
+		t.Skip("no boot id")
+	}
+	if id != strings.TrimSpace(id) || len(id) != 36 || strings.Count(id, "-") != 4 {
+		t.Errorf("BootID() = %q, want a UUID", id)
+	}
+	if BootID() != id {
+		t.Error("BootID not stable")
+	}
+}
+
+func TestFlockHeld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leasefs.lock")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if held, ok := FlockHeld(path); !ok || held {
+		t.Fatalf("FlockHeld(unlocked) = %v, %v; want false, true", held, ok)
+	}
+	lock, err := AcquireFileLock(path, CurrentHolder("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, ok := FlockHeld(path); !ok || !held {
+		t.Errorf("FlockHeld(locked) = %v, %v; want true, true", held, ok)
+	}
+	if err := lock.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := FlockHeld(path); held {
+		t.Errorf("FlockHeld after Release = true")
+	}
+	if _, ok := FlockHeld(filepath.Join(t.TempDir(), "missing")); ok {
+		t.Errorf("FlockHeld(missing) ok = true")
+	}
+}

@@ -1,0 +1,200 @@
+package leasecore
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// requiredKeys are the status document keys of SPEC §4.1 that every token
+// lease shows, in order.
+var requiredKeys = []string{
+	"resource", "lease_id", "status", "mode", "generation", "holder_uid",
+	"holder_pid", "host", "started_at", "heartbeat_at", "expires_at",
+}
+
+var statusTimePattern = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
+
+// docKeys returns the keys of a status document in order.
+func docKeys(t *testing.T, doc []byte) []string {
+	t.Helper()
+	var keys []string
+	for line := range strings.SplitSeq(strings.TrimSuffix(string(doc), "\n"), "\n") {
+		k, _, ok := strings.Cut(line, " = ")
+		if !ok {
+			t.Fatalf("line %q is not key = value", line)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// parseDoc parses a status document with a real TOML parser.
+func parseDoc(t *testing.T, doc []byte) map[string]any {
+	t.Helper()
+	m := make(map[string]any)
+	if _, err := toml.Decode(string(doc), &m); err != nil {
+		t.Fatalf("status document does not parse as TOML: %v\n%s", err, doc)
+	}
+	return m
+}
+
+func TestStatusDocumentOfAReservedLease(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	g := reserve(t, s, "feature-a")
+	doc := StatusDocument(g.Lease, 0)
+	keys := docKeys(t, doc)
+	// boot_id is recorded at reserve (SPEC §5 rule 3) and is optional.
+	want := slices.Clone(requiredKeys)
+	if BootID() != "" {
+		want = append(want, "boot_id")
+	}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys = %v, want %v", keys, want)
+	}
+	if strings.Contains(string(doc), g.Token) || strings.Contains(string(doc), HashToken(g.Token)) ||
+		strings.Contains(string(doc), "token_hash") {
+		t.Fatalf("status document reveals the token or its hash:\n%s", doc)
+	}
+	m := parseDoc(t, doc)
+	if m["resource"] != "feature-a" || m["lease_id"] != g.Lease.ID || m["status"] != "active" || m["mode"] != "token" ||
+		m["generation"] != int64(1) || m["holder_uid"] != int64(1000) || m["holder_pid"] != int64(4242) || m["host"] != "testhost" {
+		t.Errorf("document values = %v", m)
+	}
+	for k, want := range map[string]time.Time{
+		"started_at":   testStart.Truncate(time.Millisecond),
+		"heartbeat_at": testStart.Truncate(time.Millisecond),
+		"expires_at":   testStart.Add(DefaultLeaseDuration).Truncate(time.Millisecond),
+	} {
+		got, ok := m[k].(time.Time)
+		if !ok || !got.Equal(want) {
+			t.Errorf("%s = %#v, want native datetime %v", k, m[k], want)
+		}
+	}
+	for _, f := range StatusFields(g.Lease, 0) {
+		if strings.HasSuffix(f.Key, "_at") && (!statusTimePattern.MatchString(f.TOML) || f.Raw != f.TOML) {
+			t.Errorf("%s rendered %q / raw %q, want millisecond UTC datetime", f.Key, f.TOML, f.Raw)
+		}
+	}
+}
+
+func TestStatusDocumentOptionalKeys(t *testing.T) {
+	t.Parallel()
+	full := Lease{
+		ID: "lease-x", Resource: "a/b", Status: StatusComplete, Mode: ModeToken, Generation: 17,
+		HolderUID: 1000, HolderPID: 4242, Host: "vm",
+		StartedAt: testStart, HeartbeatAt: testStart, ExpiresAt: testStart.Add(time.Minute),
+		CompletedAt: testStart.Add(time.Second), PID: 77, BootID: "boot",
+		ActorSessionID: "as", TaskAssignmentID: "ta", AnchorState: "st", AnchorRoot: "ro", Path: "/p", Client: "cl",
+		TakeoverRequestedBy: "uid 2", TakeoverRequestedAt: testStart.Add(2 * time.Second), TakeoverReason: "why",
+	}
+	wantFull := append(slices.Clone(requiredKeys), "completed_at", "pid", "boot_id", "actor_session_id",
+		"task_assignment_id", "anchor_state", "anchor_root", "path", "client", "takeover_requested_by",
+		"takeover_requested_at", "takeover_reason", "waiters")
+	if keys := docKeys(t, StatusDocument(full, 3)); !slices.Equal(keys, wantFull) {
+		t.Errorf("full document keys =\n%v\nwant\n%v", keys, wantFull)
+	}
+	m := parseDoc(t, StatusDocument(full, 3))
+	if m["waiters"] != int64(3) || m["pid"] != int64(77) || m["takeover_reason"] != "why" {
+		t.Errorf("optional values = %v", m)
+	}
+
+	handle := Lease{ID: "lease-y", Resource: "h", Status: StatusActive, Mode: ModeHandle, Generation: 2,
+		StartedAt: testStart, HeartbeatAt: testStart, HolderPID: -1}
+	wantHandle := []string{"resource", "lease_id", "status", "mode", "generation", "holder_uid",
+		"holder_pid", "host", "started_at", "heartbeat_at"}
+	keys := docKeys(t, StatusDocument(handle, 0))
+	if !slices.Equal(keys, wantHandle) {
+		t.Errorf("handle document keys = %v, want %v (no expires_at, no unset optional keys)", keys, wantHandle)
+	}
+	if m := parseDoc(t, StatusDocument(handle, 0)); m["holder_pid"] != int64(0) {
+		t.Errorf("negative holder pid rendered as %v", m["holder_pid"])
+	}
+}
+
+func TestStatusDocumentHostileStrings(t *testing.T) {
+	t.Parallel()
+	l := Lease{
+		ID: "lease-x", Resource: "a \"quoted\" \\ name", Status: StatusActive, Mode: ModeToken,
+		Host: "h\nx = 1", StartedAt: testStart, HeartbeatAt: testStart,
+		ActorSessionID: "line1\nline2\r\n\x00\x1b[31m\x7f", Client: "tab\there",
+		TakeoverReason: "\"\"\"triple\"\"\" '''lit'''",
+	}
+	m := parseDoc(t, StatusDocument(l, 0))
+	for k, want := range map[string]string{
+		"resource": l.Resource, "host": l.Host, "actor_session_id": l.ActorSessionID,
+		"client": l.Client, "takeover_reason": l.TakeoverReason,
+	} {
+		if m[k] != want {
+			t.Errorf("%s = %q, want %q", k, m[k], want)
+		}
+	}
+	if _, injected := m["x"]; injected {
+		t.Error("a newline in a value injected a key")
+	}
+	for _, f := range StatusFields(l, 0) {
+		if f.Key == "host" && f.Raw != l.Host {
+			t.Errorf("raw host = %q, want unquoted %q", f.Raw, l.Host)
+		}
+	}
+}
+
+func TestQuoteTOMLRoundTrip(t *testing.T) {
+	t.Parallel()
+	var all strings.Builder
+	for r := rune(0); r < 0x80; r++ {
+		all.WriteRune(r)
+	}
+	tests := []string{
+		"", "plain", `a"b`, `back\slash`, `\u0041 literal escape`, "new\nline", "cr\rlf\r\n",
+		"tab\t", "\x00\x01\x08\x0b\x0c\x1f\x7f", "unicode é 日本 🙂", "\u2028\u2029\ufeff", all.String(),
+		`"""`, `'''`, "ends with backslash\\",
+	}
+	for _, in := range tests {
+		q := QuoteTOML(in)
+		if !strings.HasPrefix(q, `"`) || !strings.HasSuffix(q, `"`) || strings.ContainsAny(q[1:len(q)-1], "\n\r\x00\x7f") {
+			t.Errorf("QuoteTOML(%q) = %s: not a one-line basic string", in, q)
+		}
+		var v struct{ K string }
+		if _, err := toml.Decode("K = "+q+"\n", &v); err != nil {
+			t.Errorf("QuoteTOML(%q) = %s does not parse: %v", in, q, err)
+			continue
+		}
+		if v.K != in {
+			t.Errorf("QuoteTOML(%q) round-trips to %q", in, v.K)
+		}
+	}
+	// Invalid UTF-8 cannot be represented; the result must still parse.
+	var v struct{ K string }
+	if _, err := toml.Decode("K = "+QuoteTOML("a\xffb")+"\n", &v); err != nil {
+		t.Errorf("QuoteTOML of invalid UTF-8 does not parse: %v", err)
+	}
+}
+
+func TestStatusDocumentAfterRelease(t *testing.T) {
+	t.Parallel()
+	s, clock, _ := newStore(t, Options{})
+	ctx := context.Background()
+	g := reserve(t, s, "x")
+	clock.Advance(1234 * time.Millisecond)
+	l, err := s.Release(ctx, g.Lease.ID, g.Token, StatusComplete)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := parseDoc(t, StatusDocument(l, 0))
+	if m["status"] != "complete" {
+		t.Errorf("status = %v", m["status"])
+	}
+	if _, ok := m["expires_at"]; ok {
+		t.Error("an ended lease shows expires_at")
+	}
+	if got, ok := m["completed_at"].(time.Time); !ok || !got.Equal(clock.Now().Truncate(time.Millisecond)) {
+		t.Errorf("completed_at = %v, want %v", m["completed_at"], clock.Now().Truncate(time.Millisecond))
+	}
+}

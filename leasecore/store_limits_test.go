@@ -1,0 +1,138 @@
+package leasecore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestQuota(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	ctx := context.Background()
+	a := reserve(t, s, "a")
+	reserve(t, s, "b")
+	_, err := s.Reserve(ctx, Draft{Resource: "c", HolderUID: 1000})
+	wantErr(t, "third Reserve of uid 1000", err, ErrQuota)
+	if _, err := s.Reserve(ctx, Draft{Resource: "c", HolderUID: 2000}); err != nil {
+		t.Fatalf("Reserve by another uid: %v", err)
+	}
+	if _, err := s.Release(ctx, a.Lease.ID, a.Token, StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reserve(ctx, Draft{Resource: "d", HolderUID: 1000}); err != nil {
+		t.Fatalf("Reserve after a release: %v", err)
+	}
+}
+
+// Dead leases are not live (SPEC §1), so they must not count against the
+// quota of SPEC §7 even before anything touches or reaps them.
+func TestQuotaIgnoresExpiredLeases(t *testing.T) {
+	t.Parallel()
+	s, clock, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	reserve(t, s, "a")
+	reserve(t, s, "b")
+	clock.Advance(DefaultLeaseDuration + time.Second)
+	if _, err := s.Reserve(context.Background(), Draft{Resource: "c", HolderUID: 1000}); err != nil {
+		t.Fatalf("Reserve after the uid's leases expired: %v (expired leases still count against the quota)", err)
+	}
+}
+
+func TestConcurrentReserveOneWinner(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	const n = 32
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		grants = make(chan Grant, n)
+		errs   = make(chan error, n)
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			g, err := s.Reserve(context.Background(), Draft{Resource: "contended", HolderUID: uint32(i)})
+			if err != nil {
+				errs <- err
+				return
+			}
+			grants <- g
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(grants)
+	close(errs)
+	var winner Grant
+	for g := range grants {
+		if winner.Lease.ID != "" {
+			t.Fatalf("two grants: %s and %s", winner.Lease.ID, g.Lease.ID)
+		}
+		winner = g
+	}
+	if winner.Lease.ID == "" {
+		t.Fatal("no grant")
+	}
+	held := 0
+	for err := range errs {
+		var he *LeaseHeldError
+		if !errors.As(err, &he) || he.Holder.ID != winner.Lease.ID {
+			t.Errorf("loser error = %v, want *LeaseHeldError naming %s", err, winner.Lease.ID)
+		}
+		held++
+	}
+	if held != n-1 {
+		t.Errorf("%d ErrHeld, want %d", held, n-1)
+	}
+}
+
+func TestClosedStore(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	g := reserve(t, s, "x")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+	ctx := context.Background()
+	_, err := s.Reserve(ctx, Draft{Resource: "y"})
+	wantErr(t, "Reserve after Close", err, ErrClosed)
+	_, err = s.Live(ctx, "x")
+	wantErr(t, "Live after Close", err, ErrClosed)
+	_, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
+	wantErr(t, "Renew after Close", err, ErrClosed)
+}
+
+func TestInvalidDrafts(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{})
+	ctx := context.Background()
+	tests := []struct {
+		d    Draft
+		want error
+	}{
+		{Draft{Resource: ""}, ErrInvalidName},
+		{Draft{Resource: "../x"}, ErrInvalidName},
+		{Draft{Resource: strings.Repeat("n", 256)}, ErrNameTooLong},
+		{Draft{Resource: "x", Mode: "shared"}, ErrInvalidArgument},
+		{Draft{Resource: "x", Annotations: Annotations{Client: ptr(strings.Repeat("c", 1025))}}, ErrInvalidArgument},
+		{Draft{Resource: "x", Annotations: Annotations{AnchorState: ptr("a\x00b")}}, ErrInvalidArgument},
+	}
+	for _, tc := range tests {
+		_, err := s.Reserve(ctx, tc.d)
+		wantErr(t, "Reserve "+tc.d.Resource, err, tc.want)
+	}
+	if list, _ := s.List(ctx); len(list) != 0 {
+		t.Fatalf("refused drafts left leases: %+v", list)
+	}
+	if g := reserve(t, s, "x"); g.Lease.Generation != 1 {
+		t.Errorf("refused drafts consumed generations: first grant has generation %d", g.Lease.Generation)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
