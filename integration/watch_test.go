@@ -1,0 +1,54 @@
+package integration
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestExpiryRaisesDeleteSelf checks SPEC §6a: a lease that the daemon itself
+// ends (here: heartbeat expiry, found by the reaper) is removed from the
+// kernel's view at once, so a watch on the lease file reports IN_DELETE_SELF
+// without anyone touching the name.
+func TestExpiryRaisesDeleteSelf(t *testing.T) {
+	t.Parallel()
+	tool := requireTool(t, "inotifywait")
+	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second})
+	p := filepath.Join(d.mountpoint, "expiring")
+	reserve(t, p)
+
+	stdout := newLogBuffer(nil)
+	stderr := newLogBuffer(regexp.MustCompile(`Watches established`))
+	w := exec.Command(tool, "-e", "delete_self", "--format", "%e", p)
+	w.Stdout, w.Stderr = stdout, stderr
+	if err := w.Start(); err != nil {
+		t.Fatalf("start inotifywait: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = w.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = w.Process.Kill()
+		<-exited
+	})
+	select {
+	case <-stderr.ready:
+	case <-exited:
+		t.Fatalf("inotifywait exited before watching: %s%s", stdout.String(), stderr.String())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("inotifywait not watching after 10s: %s", stderr.String())
+	}
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no IN_DELETE_SELF within 15 s of a 2 s lease; inotifywait said %q", stdout.String())
+	}
+	if got := strings.TrimSpace(stdout.String()); got != "DELETE_SELF" {
+		t.Errorf("inotifywait reported %q, want DELETE_SELF", got)
+	}
+	if names := listMount(t, d.mountpoint); len(names) != 0 {
+		t.Errorf("mount lists %v after expiry, want nothing", names)
+	}
+}
