@@ -20,7 +20,9 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOENT
 	case errors.Is(err, leasecore.ErrTokenMismatch):
 		return syscall.EACCES
-	case errors.Is(err, leasecore.ErrInactive):
+	case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
+		// A closed store belongs to a daemon that has handed over or is
+		// stopping: what the handle referred to is gone from this mount.
 		return syscall.ESTALE
 	case errors.Is(err, leasecore.ErrNameTooLong):
 		return syscall.ENAMETOOLONG

@@ -29,6 +29,11 @@ type leaseHandle struct {
 	// bound is true while this open file holds its lease by flock: the
 	// lease ends when the lock is released or the open file is.
 	bound bool
+	// posixKeys are the fcntl lock owners that took a lease through this
+	// open file. A process-owned (POSIX) lock ends at the owner's FLUSH;
+	// an open-file-owned one (F_OFD_SETLK) only when the open file is
+	// released, so Release ends what is left of them.
+	posixKeys []posixKey
 	// snap is what this handle reads: the token or a status document,
 	// captured at the read at offset 0 so that chunked reads see one
 	// consistent document.
@@ -152,17 +157,21 @@ func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 // Fsync does nothing: every change is durable before its write returns.
 func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
 
-// Release ends the handle lease bound to this open file by flock, as
+// Release ends the handle lease bound to this open file by flock, or by an
+// fcntl lock taken through it that its owner has not released yet, as
 // complete: RELEASE comes once, when the last descriptor of the open file
 // is closed, including by the kernel when the holder dies (SPEC §6).
-// Leases held by a token or an fcntl lock are not touched.
+// Token leases are not touched.
 func (h *leaseHandle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
-	id, bound := h.id, h.bound
-	h.bound = false
+	id, bound, keys := h.id, h.bound, h.posixKeys
+	h.bound, h.posixKeys = false, nil
 	h.mu.Unlock()
 	if bound {
 		h.fsys.endHandleLease(id, "open file released")
+	}
+	for _, key := range keys {
+		h.fsys.posixCloseIf(key, id)
 	}
 	return 0
 }

@@ -48,9 +48,16 @@ func (n *leaseNode) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
 }
 
 // Getattr returns the lease's attributes (SPEC §3 stat row); ESTALE once it
-// has ended.
+// has ended. Through an open file (fstat) it describes the open file's
+// lease; st_ino stays the inode the file was opened on.
 func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	l, errno := n.live(ctx)
+	live := n.live
+	if h, ok := fh.(*leaseHandle); ok {
+		// fstat: the open file's lease, which a granted lock may have
+		// re-bound to a newer lease of the name (SPEC §6).
+		live = h.live
+	}
+	l, errno := live(ctx)
 	if errno != 0 {
 		return errno
 	}

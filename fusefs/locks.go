@@ -138,7 +138,7 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	if cred {
 		l, err := f.store.Load(ctx, id)
 		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
-			if l, err = f.store.Bind(ctx, id); err != nil {
+			if l, err = f.store.Bind(ctx, id, req.c.pid); err != nil {
 				return f.refuse(op, h.resource, req.c, toErrno(err), err)
 			}
 			h.bindTo(l, req)
@@ -164,6 +164,9 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 		f.mu.Lock()
 		f.posix[req.key] = l.ID
 		f.mu.Unlock()
+		h.mu.Lock()
+		h.posixKeys = append(h.posixKeys, req.key)
+		h.mu.Unlock()
 	}
 	f.log.Info("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
 		"uid", req.c.uid, "pid", req.c.pid, "flock", req.flock)
@@ -235,12 +238,21 @@ func (f *FS) posixLease(key posixKey) (string, bool) {
 // posixClose ends the handle lease held by fcntl lock owner key: the owner
 // unlocked, or closed a descriptor of the file (FLUSH), or died.
 func (f *FS) posixClose(key posixKey) {
+	f.posixCloseIf(key, "")
+}
+
+// posixCloseIf is posixClose, limited to lease id when id is not empty.
+func (f *FS) posixCloseIf(key posixKey, id string) {
 	f.mu.Lock()
-	id, ok := f.posix[key]
-	delete(f.posix, key)
+	held, ok := f.posix[key]
+	if ok && (id == "" || held == id) {
+		delete(f.posix, key)
+	} else {
+		ok = false
+	}
 	f.mu.Unlock()
 	if ok {
-		f.endHandleLease(id, "fcntl lock released")
+		f.endHandleLease(held, "fcntl lock released")
 	}
 }
 

@@ -89,7 +89,7 @@ func moduleRoot() (string, error) {
 func fuseRequired() bool { return os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" }
 
 // skipOrFail skips the test, or fails it when LEASEFS_REQUIRE_FUSE=1.
-func skipOrFail(t *testing.T, format string, args ...any) {
+func skipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
 	if fuseRequired() {
 		t.Fatalf("LEASEFS_REQUIRE_FUSE=1 but "+format, args...)
@@ -98,7 +98,7 @@ func skipOrFail(t *testing.T, format string, args ...any) {
 }
 
 // requireFUSE skips (or fails, see [skipOrFail]) unless /dev/fuse exists and we are root.
-func requireFUSE(t *testing.T) {
+func requireFUSE(t testing.TB) {
 	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		skipOrFail(t, "FUSE unavailable: %v", err)
@@ -109,7 +109,7 @@ func requireFUSE(t *testing.T) {
 }
 
 // requireTool skips (or fails, see [skipOrFail]) unless the named program is on PATH.
-func requireTool(t *testing.T, name string) string {
+func requireTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
@@ -157,12 +157,14 @@ type daemonOpts struct {
 	state           string        // empty: "state" inside a new t.TempDir(), created by the daemon
 	leaseDuration   time.Duration // 0: the daemon's default
 	allowOther      bool
-	maxLeasesPerUID int // 0: the daemon's default
+	maxLeasesPerUID int           // 0: the daemon's default
+	takeover        bool          // pass --takeover: ask a daemon serving the state to hand over
+	takeoverTimeout time.Duration // 0: the daemon's default --takeover-timeout
 }
 
 // daemon is one running `leasefs mount` process started by [startDaemon].
 type daemon struct {
-	t          *testing.T
+	t          testing.TB
 	cmd        *exec.Cmd
 	pid        int
 	mountpoint string
@@ -174,7 +176,7 @@ type daemon struct {
 // startDaemon starts `leasefs mount` and waits up to 15 s for its `msg=mounted` log line.
 // It fails the test with the daemon's stderr if the process exits first. Cleanup stops the
 // daemon if it still runs and always detaches the mountpoint.
-func startDaemon(t *testing.T, opts daemonOpts) *daemon {
+func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	t.Helper()
 	requireFUSE(t)
 	mp := opts.mountpoint
@@ -197,6 +199,12 @@ func startDaemon(t *testing.T, opts daemonOpts) *daemon {
 	}
 	if opts.maxLeasesPerUID > 0 {
 		args = append(args, "--max-leases-per-uid", strconv.Itoa(opts.maxLeasesPerUID))
+	}
+	if opts.takeover {
+		args = append(args, "--takeover")
+	}
+	if opts.takeoverTimeout > 0 {
+		args = append(args, "--takeover-timeout", opts.takeoverTimeout.String())
 	}
 	args = append(args, mp)
 
@@ -305,7 +313,7 @@ func (d *daemon) shutdown(term bool) bool {
 }
 
 // detach lazily unmounts everything mounted on mp, ignoring "not mounted" (EINVAL, ENOENT).
-func detach(t *testing.T, mp string) {
+func detach(t testing.TB, mp string) {
 	t.Helper()
 	for range 8 { // stacked mounts are detached one at a time
 		err := unix.Unmount(mp, unix.MNT_DETACH)
@@ -327,7 +335,7 @@ type mountEntry struct {
 }
 
 // mounts parses /proc/self/mountinfo.
-func mounts(t *testing.T) []mountEntry {
+func mounts(t testing.TB) []mountEntry {
 	t.Helper()
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -368,7 +376,7 @@ func unescapeMountinfo(s string) string {
 }
 
 // mountCount returns how many mounts sit on mp according to /proc/self/mountinfo.
-func mountCount(t *testing.T, mp string) int {
+func mountCount(t testing.TB, mp string) int {
 	t.Helper()
 	n := 0
 	for _, e := range mounts(t) {
@@ -393,5 +401,16 @@ func abortConnection(mp string) {
 		if _, minor, ok := strings.Cut(f[2], ":"); ok {
 			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0)
 		}
+	}
+}
+
+// waitExit waits up to timeout for the daemon to exit by itself and returns its exit code;
+// ok is false if it is still running.
+func (d *daemon) waitExit(timeout time.Duration) (code int, ok bool) {
+	select {
+	case <-d.exited:
+		return d.cmd.ProcessState.ExitCode(), true
+	case <-time.After(timeout):
+		return -1, false
 	}
 }

@@ -155,11 +155,11 @@ type Store interface {
 	// authorised the holder by other means (unlink by the holder uid, a
 	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
 	End(ctx context.Context, id string, status Status) (Lease, error)
-	// Bind turns live lease id into a handle lease (SPEC §6): mode handle,
-	// no expiry by time; it then ends only by [Store.End] or
-	// [Store.Release]. Binding a handle lease again is a no-op.
-	// Errors: ErrNotFound, ErrInactive, *PersistError.
-	Bind(ctx context.Context, id string) (Lease, error)
+	// Bind turns live lease id into a handle lease held by process
+	// holderPID (SPEC §6): mode handle, no expiry by time; it then ends only
+	// by [Store.End] or [Store.Release]. Binding a handle lease again is a
+	// no-op. Errors: ErrNotFound, ErrInactive, *PersistError.
+	Bind(ctx context.Context, id string, holderPID int) (Lease, error)
 	// RequestTakeover records a takeover request on live lease id.
 	// Errors: ErrNotFound, ErrInactive, ErrInvalidArgument, *PersistError.
 	RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error)

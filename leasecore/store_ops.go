@@ -234,7 +234,7 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 }
 
 // Bind turns live lease id into a handle lease; see [Store.Bind].
-func (s *FileStore) Bind(ctx context.Context, id string) (Lease, error) {
+func (s *FileStore) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -248,6 +248,9 @@ func (s *FileStore) Bind(ctx context.Context, id string) (Lease, error) {
 	}
 	l := e.lease
 	l.Mode = ModeHandle
+	if holderPID > 0 {
+		l.HolderPID = holderPID
+	}
 	if err := s.writeRecord(&l, e.hash); err != nil {
 		return Lease{}, err
 	}

@@ -1,0 +1,205 @@
+package integration
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Daemon handover (`leasefs mount --takeover`) and handle leases across daemon restarts
+// (SPEC §2: recorded handle leases are ended as abandoned when a daemon starts).
+
+// mountResult is the outcome of a `leasefs mount` that is expected to give up.
+type mountResult struct {
+	code   int
+	stderr string
+	took   time.Duration
+}
+
+// runFailingMount runs `leasefs ARGS...` expecting it to exit by itself within timeout (it is
+// SIGTERMed and the test fails otherwise). Cleanup detaches mp in case it mounted after all.
+func runFailingMount(t *testing.T, timeout time.Duration, mp string, args ...string) mountResult {
+	t.Helper()
+	before := mountCount(t, mp)
+	t.Cleanup(func() {
+		if mountCount(t, mp) > before {
+			detach(t, mp)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, leasefsBin, args...)
+	cmd.Dir = "/"
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	_ = cmd.Run()
+	r := mountResult{code: cmd.ProcessState.ExitCode(), stderr: stderr.String(), took: time.Since(start)}
+	if ctx.Err() != nil {
+		t.Fatalf("leasefs %q still running after %v; stderr:\n%s", args, timeout, r.stderr)
+	}
+	return r
+}
+
+// TestHandover starts daemon B with --takeover on daemon A's state and mountpoint while A
+// serves a token lease and a flock handle lease: B mounts, A exits 0 within a few seconds, the
+// token still renews through B, the handle lease was ended as abandoned and its holder's
+// descriptor answers ESTALE, and a further daemon without --takeover is refused with exit 3.
+func TestHandover(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	a := startDaemon(t, daemonOpts{})
+	tp := filepath.Join(a.mountpoint, "token-lease")
+	tok := reserve(t, tp)
+	tst, _ := statusDoc(t, tp)
+
+	hp := filepath.Join(a.mountpoint, "handle-lease")
+	holder := startPy(t, `
+import fcntl
+fd = os.open(os.environ["P"], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+out("held", os.getpid())
+for line in sys.stdin:
+    out(line.strip(), err(os.pread, fd, 4096, 0))
+`, "P="+hp)
+	holder.expectKey("held", holdTimeout)
+	hst, _ := statusDoc(t, hp)
+	wantHandle(t, hst, "handle-lease")
+	holder.send("read-before")
+	if got := holder.expectKey("read-before", holdTimeout); got != "ok" {
+		t.Fatalf("holder's read before the handover: %s", got)
+	}
+
+	start := time.Now()
+	b := startDaemon(t, daemonOpts{mountpoint: a.mountpoint, state: a.state, takeover: true})
+	t.Logf("B mounted %v after it started", time.Since(start).Round(time.Millisecond))
+	holder.send("read-after-handover")
+	afterHandover := holder.expectKey("read-after-handover", holdTimeout)
+
+	code, exited := a.waitExit(15 * time.Second)
+	switch {
+	case !exited:
+		t.Errorf("daemon A still running 15s after B started; A's stderr:\n%s", a.stderr())
+	case code != 0:
+		t.Errorf("daemon A exited with code %d after handing over, want 0; stderr:\n%s", code, a.stderr())
+	default:
+		t.Logf("A exited %v after B started", time.Since(start).Round(time.Millisecond))
+	}
+	if !strings.Contains(a.stderr(), "handing over") {
+		t.Errorf("daemon A did not log the handover; stderr:\n%s", a.stderr())
+	}
+	holder.send("read-after-exit")
+	afterExit := holder.expectKey("read-after-exit", holdTimeout)
+	// While A lives, the ended handle lease answers ESTALE; once A has exited, the detached
+	// connection is gone and the kernel answers ENOTCONN (README: daemon handover).
+	if afterHandover != "ESTALE" || (afterExit != "ESTALE" && afterExit != "ENOTCONN") {
+		t.Errorf("the handle lease holder's read on its descriptor after the handover = %s (B mounted), %s (A exited); want ESTALE, then ESTALE or ENOTCONN",
+			afterHandover, afterExit)
+	}
+
+	if r := sh(t, `echo "$TOK" >| "$P"`, "P="+tp, "TOK="+tok); r.code != 0 {
+		t.Errorf("renew of the token lease through B: %s\nB's stderr:\n%s", r, b.stderr())
+	}
+	if st, _ := statusDoc(t, tp); st["lease_id"] != tst["lease_id"] || st["status"] != "active" || st["mode"] != "token" {
+		t.Errorf("token lease through B: %v, want %s active", st, tst["lease_id"])
+	}
+	wantHistory(t, a.state, "handle-lease", hst["lease_id"], "abandoned")
+	if names := listMount(t, b.mountpoint); slices.Contains(names, "handle-lease") {
+		t.Errorf("B lists the handed-over handle lease: %v", names)
+	}
+	if r := sh(t, `flock -n "$P" true`, "P="+hp); r.code != 0 {
+		t.Errorf("flock -n on the abandoned handle lease's name through B: %s", r)
+	}
+
+	// Without --takeover a further daemon is still refused, naming B.
+	mp3 := t.TempDir()
+	r := runFailingMount(t, 10*time.Second, mp3, "mount", "--state", a.state, mp3)
+	if r.code != 3 {
+		t.Errorf("a daemon without --takeover on B's state: exit code %d, want 3; stderr:\n%s", r.code, r.stderr)
+	}
+	if !regexp.MustCompile(`\bpid ` + strconv.Itoa(b.pid) + `\b`).MatchString(r.stderr) {
+		t.Errorf("the refused daemon's message does not name B (pid %d):\n%s", b.pid, r.stderr)
+	}
+	if !b.running() {
+		t.Errorf("B exited; stderr:\n%s", b.stderr())
+	}
+}
+
+// TestHandoverTimeout asks a stopped daemon (SIGSTOP) to hand over with --takeover-timeout 1s:
+// the new daemon gives up with a non-zero exit and a message naming the holder's pid, and the
+// old daemon, once continued, keeps serving (the void request does not make it hand over).
+func TestHandoverTimeout(t *testing.T) {
+	t.Parallel()
+	a := startDaemon(t, daemonOpts{})
+	p := filepath.Join(a.mountpoint, "kept")
+	tok := reserve(t, p)
+
+	if err := syscall.Kill(a.pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP daemon: %v", err)
+	}
+	// Registered after startDaemon's cleanup, so it runs first.
+	t.Cleanup(func() { _ = syscall.Kill(a.pid, syscall.SIGCONT) })
+	r := runFailingMount(t, 20*time.Second, a.mountpoint,
+		"mount", "--takeover", "--takeover-timeout", "1s", "--state", a.state, a.mountpoint)
+	if err := syscall.Kill(a.pid, syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT daemon: %v", err)
+	}
+	if r.code == 0 {
+		t.Errorf("--takeover against a stopped daemon exited 0, want a failure; stderr:\n%s", r.stderr)
+	}
+	if !regexp.MustCompile(`\bpid ` + strconv.Itoa(a.pid) + `\b`).MatchString(r.stderr) {
+		t.Errorf("--takeover's failure does not name the holder's pid %d:\n%s", a.pid, r.stderr)
+	}
+	if r.took < time.Second || r.took > 8*time.Second {
+		t.Errorf("--takeover-timeout 1s gave up after %v", r.took)
+	}
+	t.Logf("gave up after %v with exit %d: %s", r.took.Round(time.Millisecond), r.code, strings.TrimSpace(r.stderr))
+
+	// The daemon polls for takeover requests every 100 ms: watch it for 1 s.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if !a.running() || strings.Contains(a.stderr(), "handing over") {
+			t.Fatalf("the continued daemon handed over to a requester that gave up; stderr:\n%s", a.stderr())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if r := sh(t, `echo "$TOK" >| "$P"`, "P="+p, "TOK="+tok); r.code != 0 {
+		t.Errorf("renew through the continued daemon: %s\nstderr:\n%s", r, a.stderr())
+	}
+	a.stop(true)
+}
+
+// TestRestartAbandonsHandleLease SIGKILLs the daemon while a flock holder holds a handle
+// lease: the next daemon ends the recorded lease as abandoned at startup and the name is free.
+func TestRestartAbandonsHandleLease(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	a := startDaemon(t, daemonOpts{})
+	p := filepath.Join(a.mountpoint, "crashed")
+	holder := startPy(t, pyFlockHolder, "P="+p)
+	holder.expectKey("held", holdTimeout)
+	st, _ := statusDoc(t, p)
+	wantHandle(t, st, "crashed")
+
+	a.kill()
+	b := startDaemon(t, daemonOpts{mountpoint: a.mountpoint, state: a.state})
+	if names := listMount(t, b.mountpoint); slices.Contains(names, "crashed") {
+		t.Errorf("after the restart the mount lists the dead daemon's handle lease: %v", names)
+	}
+	if live := liveLeases(t, b.state, "crashed"); len(live) != 0 {
+		t.Errorf("after the restart live leases on crashed: %v, want none", live)
+	}
+	wantHistory(t, b.state, "crashed", st["lease_id"], "abandoned")
+	if r := sh(t, `flock -n "$P" true`, "P="+p); r.code != 0 {
+		t.Errorf("flock -n on the freed name: %s\nstderr:\n%s", r, b.stderr())
+	}
+}
