@@ -58,7 +58,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "integration: go build in %s: %v\n%s", root, err, out)
 		return 1
 	}
-	return m.Run()
+	start := time.Now()
+	code := m.Run()
+	if err := writeReport(code == 0, time.Since(start)); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: writing the reliability report:", err)
+		return 1
+	}
+	return code
 }
 
 // moduleRoot returns the directory of the module's go.mod, asking `go env GOMOD` first and
