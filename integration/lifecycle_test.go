@@ -242,26 +242,7 @@ func TestInotify(t *testing.T) {
 	t.Parallel()
 	tool := requireTool(t, "inotifywait")
 	d := startDaemon(t, daemonOpts{})
-	stdout := newLogBuffer(nil)
-	stderr := newLogBuffer(regexp.MustCompile(`Watches established`))
-	w := exec.Command(tool, "-m", "-e", "create", "-e", "modify", "-e", "delete", "--format", "%e %f", d.mountpoint)
-	w.Stdout, w.Stderr = stdout, stderr
-	if err := w.Start(); err != nil {
-		t.Fatalf("start inotifywait: %v", err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = w.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = w.Process.Kill()
-		<-exited
-	})
-	select {
-	case <-stderr.ready:
-	case <-exited:
-		t.Fatalf("inotifywait exited: %s", stderr.String())
-	case <-time.After(10 * time.Second):
-		t.Fatalf("inotifywait not watching after 10s: %s", stderr.String())
-	}
+	stdout, _ := startInotifywait(t, tool, "-m", "-e", "create", "-e", "modify", "-e", "delete", "--format", "%e %f", d.mountpoint)
 
 	p := filepath.Join(d.mountpoint, "watched")
 	tok := reserve(t, p)

@@ -20,9 +20,28 @@ func TestExpiryRaisesDeleteSelf(t *testing.T) {
 	p := filepath.Join(d.mountpoint, "expiring")
 	reserve(t, p)
 
+	stdout, exited := startInotifywait(t, tool, "-e", "delete_self", "--format", "%e", p)
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no IN_DELETE_SELF within 15 s of a 2 s lease; inotifywait said %q", stdout.String())
+	}
+	if got := strings.TrimSpace(stdout.String()); got != "DELETE_SELF" {
+		t.Errorf("inotifywait reported %q, want DELETE_SELF", got)
+	}
+	if names := listMount(t, d.mountpoint); len(names) != 0 {
+		t.Errorf("mount lists %v after expiry, want nothing", names)
+	}
+}
+
+// startInotifywait runs inotifywait with args and returns once its watches
+// are established: its stdout, and a channel closed when it exits. Cleanup
+// kills it.
+func startInotifywait(t *testing.T, tool string, args ...string) (*logBuffer, <-chan struct{}) {
+	t.Helper()
 	stdout := newLogBuffer(nil)
 	stderr := newLogBuffer(regexp.MustCompile(`Watches established`))
-	w := exec.Command(tool, "-e", "delete_self", "--format", "%e", p)
+	w := exec.Command(tool, args...)
 	w.Stdout, w.Stderr = stdout, stderr
 	if err := w.Start(); err != nil {
 		t.Fatalf("start inotifywait: %v", err)
@@ -40,15 +59,5 @@ func TestExpiryRaisesDeleteSelf(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("inotifywait not watching after 10s: %s", stderr.String())
 	}
-	select {
-	case <-exited:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("no IN_DELETE_SELF within 15 s of a 2 s lease; inotifywait said %q", stdout.String())
-	}
-	if got := strings.TrimSpace(stdout.String()); got != "DELETE_SELF" {
-		t.Errorf("inotifywait reported %q, want DELETE_SELF", got)
-	}
-	if names := listMount(t, d.mountpoint); len(names) != 0 {
-		t.Errorf("mount lists %v after expiry, want nothing", names)
-	}
+	return stdout, exited
 }

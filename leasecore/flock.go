@@ -286,7 +286,7 @@ func (l *FileLock) Holder() HolderInfo { return l.holder }
 // Release gives the lock up. While still holding it, it removes the holder
 // metadata (<path>.json) and any pending takeover request
 // (<path without ".lock">.takeover), which are then known to be this holder's;
-// then it closes the descriptor, which drops the flock(2) lock, and forgets
+// then it unlocks and closes the descriptor, and forgets
 // the path in this process. The lock file stays. The lock is released even
 // when a removal fails; such failures are returned joined, wrapped with their
 // paths. Release on a released, zero or nil FileLock does nothing and returns
@@ -305,6 +305,12 @@ func (l *FileLock) Release() error {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("leasecore: release lock %s: %w", l.path, err))
 		}
+	}
+	// Unlock explicitly before closing: a child forked by another goroutine
+	// may still share the open file description until it execs (O_CLOEXEC
+	// acts only at exec), and the lock belongs to the description.
+	if err := unix.Flock(l.fd, unix.LOCK_UN); err != nil {
+		errs = append(errs, fmt.Errorf("leasecore: release lock %s: unlock: %w", l.path, err))
 	}
 	// The descriptor is gone after close(2) even when it reports an error.
 	if err := unix.Close(l.fd); err != nil {

@@ -158,9 +158,10 @@ func (s *FileStore) lookupActive(id string) (*entry, error) {
 	return e, nil
 }
 
-// Renew authenticates token and moves the heartbeat of lease id to now,
-// applying ann; see [Store.Renew].
-func (s *FileStore) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
+// mutateActive runs change on live lease id under the store's mutex, after
+// checking token when one is given, and returns the resulting lease. change
+// must persist before it alters the entry. The caller does not hold mu.
+func (s *FileStore) mutateActive(id string, token *string, change func(*entry) error) (Lease, error) {
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -169,19 +170,30 @@ func (s *FileStore) Renew(ctx context.Context, id, token string, ann Annotations
 	if err != nil {
 		return Lease{}, err
 	}
-	if !TokenMatches(token, e.hash) {
+	if token != nil && !TokenMatches(*token, e.hash) {
 		return Lease{}, fmt.Errorf("%w: lease %s", ErrTokenMismatch, id)
 	}
-	l := e.lease
-	if err := applyAnnotations(&l, ann); err != nil {
+	if err := change(e); err != nil {
 		return Lease{}, err
 	}
-	l.HeartbeatAt = s.opts.Clock.Now().UTC()
-	if err := s.writeRecord(&l, e.hash); err != nil {
-		return Lease{}, err
-	}
-	e.lease, e.hbMono = l, s.opts.Clock.Mono()
 	return s.snapshot(e), nil
+}
+
+// Renew authenticates token and moves the heartbeat of lease id to now,
+// applying ann; see [Store.Renew].
+func (s *FileStore) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
+	return s.mutateActive(id, &token, func(e *entry) error {
+		l := e.lease
+		if err := applyAnnotations(&l, ann); err != nil {
+			return err
+		}
+		l.HeartbeatAt = s.opts.Clock.Now().UTC()
+		if err := s.writeRecord(&l, e.hash); err != nil {
+			return err
+		}
+		e.lease, e.hbMono = l, s.opts.Clock.Mono()
+		return nil
+	})
 }
 
 func checkEndStatus(status Status) error {
@@ -197,21 +209,9 @@ func (s *FileStore) Release(ctx context.Context, id, token string, status Status
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
-	if err := s.begin(true); err != nil {
-		return Lease{}, err
-	}
-	defer s.mu.Unlock()
-	e, err := s.lookupActive(id)
-	if err != nil {
-		return Lease{}, err
-	}
-	if !TokenMatches(token, e.hash) {
-		return Lease{}, fmt.Errorf("%w: lease %s", ErrTokenMismatch, id)
-	}
-	if err := s.endLocked(e, status, "released by its holder"); err != nil {
-		return Lease{}, err
-	}
-	return s.snapshot(e), nil
+	return s.mutateActive(id, &token, func(e *entry) error {
+		return s.endLocked(e, status, "released by its holder")
+	})
 }
 
 // End ends lease id with status without a token; see [Store.End].
@@ -219,43 +219,28 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
-	if err := s.begin(true); err != nil {
-		return Lease{}, err
-	}
-	defer s.mu.Unlock()
-	e, err := s.lookupActive(id)
-	if err != nil {
-		return Lease{}, err
-	}
-	if err := s.endLocked(e, status, "ended by its holder"); err != nil {
-		return Lease{}, err
-	}
-	return s.snapshot(e), nil
+	return s.mutateActive(id, nil, func(e *entry) error {
+		return s.endLocked(e, status, "ended by its holder")
+	})
 }
 
 // Bind turns live lease id into a handle lease; see [Store.Bind].
 func (s *FileStore) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
-	if err := s.begin(true); err != nil {
-		return Lease{}, err
-	}
-	defer s.mu.Unlock()
-	e, err := s.lookupActive(id)
-	if err != nil {
-		return Lease{}, err
-	}
-	if e.lease.Mode == ModeHandle {
-		return s.snapshot(e), nil
-	}
-	l := e.lease
-	l.Mode = ModeHandle
-	if holderPID > 0 {
-		l.HolderPID = holderPID
-	}
-	if err := s.writeRecord(&l, e.hash); err != nil {
-		return Lease{}, err
-	}
-	e.lease = l
-	return s.snapshot(e), nil
+	return s.mutateActive(id, nil, func(e *entry) error {
+		if e.lease.Mode == ModeHandle {
+			return nil
+		}
+		l := e.lease
+		l.Mode = ModeHandle
+		if holderPID > 0 {
+			l.HolderPID = holderPID
+		}
+		if err := s.writeRecord(&l, e.hash); err != nil {
+			return err
+		}
+		e.lease = l
+		return nil
+	})
 }
 
 // RequestTakeover records req on live lease id; see [Store.RequestTakeover].
@@ -265,23 +250,17 @@ func (s *FileStore) RequestTakeover(ctx context.Context, id string, req Takeover
 			return Lease{}, err
 		}
 	}
-	if err := s.begin(true); err != nil {
-		return Lease{}, err
-	}
-	defer s.mu.Unlock()
-	e, err := s.lookupActive(id)
-	if err != nil {
-		return Lease{}, err
-	}
-	l := e.lease
-	l.TakeoverRequestedBy = req.By
-	l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()
-	l.TakeoverReason = req.Reason
-	if err := s.writeRecord(&l, e.hash); err != nil {
-		return Lease{}, err
-	}
-	e.lease = l
-	return s.snapshot(e), nil
+	return s.mutateActive(id, nil, func(e *entry) error {
+		l := e.lease
+		l.TakeoverRequestedBy = req.By
+		l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()
+		l.TakeoverReason = req.Reason
+		if err := s.writeRecord(&l, e.hash); err != nil {
+			return err
+		}
+		e.lease = l
+		return nil
+	})
 }
 
 // Live returns the live lease on resource; see [Store.Live].
