@@ -90,8 +90,11 @@ type FileStore struct {
 	live       map[string]*entry // by resource, active leases only
 	perUID     map[uint32]int    // live leases per holder uid
 	namespaces map[string]Namespace
-	hw         uint64 // highest generation granted
-	hwSaved    uint64 // value in the generation file
+	// unsynced holds leases ended in memory whose record could not be
+	// written yet (see endLocked).
+	unsynced map[string]*entry
+	hw       uint64 // highest generation granted
+	hwSaved  uint64 // value in the generation file
 }
 
 var _ Store = (*FileStore)(nil)
@@ -130,6 +133,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		live:       make(map[string]*entry),
 		perUID:     make(map[uint32]int),
 		namespaces: make(map[string]Namespace),
+		unsynced:   make(map[string]*entry),
 	}
 	if err := s.openFiles(); err != nil {
 		s.closeFiles()
@@ -154,7 +158,9 @@ func (s *FileStore) openFiles() error {
 			}
 		}
 	}
-	flags := os.O_RDWR | os.O_CREATE
+	// flock(2) needs no write access: a read-only descriptor lets an
+	// administrator remount the state filesystem read-only.
+	flags := os.O_RDONLY | os.O_CREATE
 	if s.opts.ReadOnly {
 		flags = os.O_RDONLY
 	}
@@ -300,11 +306,11 @@ func (s *FileStore) load() error {
 	for _, e := range active {
 		switch {
 		case s.live[e.lease.Resource] != e:
-			if err := s.endLocked(e, StatusAbandoned, "superseded by a newer active record"); err != nil {
+			if err := s.endLocked(e, StatusAbandoned, "superseded by a newer active record", true); err != nil {
 				return err
 			}
 		case e.lease.Mode == ModeHandle:
-			if err := s.endLocked(e, StatusAbandoned, "handle lease of a previous daemon"); err != nil {
+			if err := s.endLocked(e, StatusAbandoned, "handle lease of a previous daemon", true); err != nil {
 				return err
 			}
 		case e.lease.Generation == 0:
@@ -423,19 +429,44 @@ func (s *FileStore) deadReason(e *entry) string {
 }
 
 // endLocked ends e with status, durably. The caller holds mu.
-func (s *FileStore) endLocked(e *entry, status Status, reason string) error {
+//
+// When deferrable and the record cannot be written (disk full, read-only),
+// the end still takes effect in memory and the record is written later by
+// [FileStore.Reap]: this is safe for leases that would be ended again after
+// a restart whatever the disk says, namely those dead by the liveness rules
+// of SPEC §5 and handle leases, which no daemon keeps across a restart
+// (SPEC §2). A lease released by its holder is not deferrable: the release
+// fails and nothing changes.
+func (s *FileStore) endLocked(e *entry, status Status, reason string, deferrable bool) error {
 	l := e.lease
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	s.fillExpiry(&l)
 	if err := s.writeRecord(&l, e.hash); err != nil {
-		return err
+		if !deferrable {
+			return err
+		}
+		s.unsynced[l.ID] = e
+		s.opts.Logger.Warn("lease ended in memory; its record will be written when the disk allows",
+			"resource", l.Resource, "lease", l.ID, "err", err)
 	}
 	s.dropLive(e)
 	e.lease = l
 	if status == StatusAbandoned {
 		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
 			"generation", l.Generation, "status", status, "reason", reason)
+	}
+	return nil
+}
+
+// syncLocked writes the records of leases ended in memory only. The caller
+// holds mu.
+func (s *FileStore) syncLocked() error {
+	for id, e := range s.unsynced {
+		if err := s.writeRecord(&e.lease, e.hash); err != nil {
+			return err
+		}
+		delete(s.unsynced, id)
 	}
 	return nil
 }
@@ -447,13 +478,10 @@ func (s *FileStore) checkLive(e *entry) (bool, error) {
 	if reason == "" {
 		return true, nil
 	}
-	if e.lease.Status != StatusActive {
+	if e.lease.Status != StatusActive || s.opts.ReadOnly {
 		return false, nil
 	}
-	if s.opts.ReadOnly {
-		return false, nil
-	}
-	return false, s.endLocked(e, StatusAbandoned, reason)
+	return false, s.endLocked(e, StatusAbandoned, reason, true)
 }
 
 // LeaseDuration returns the heartbeat TTL of token leases. Safe for
@@ -470,6 +498,11 @@ func (s *FileStore) Close() error {
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil
+	}
+	if !s.opts.ReadOnly {
+		if err := s.syncLocked(); err != nil {
+			s.opts.Logger.Warn("closing with ended leases not yet written", "count", len(s.unsynced), "err", err)
+		}
 	}
 	s.closed = true
 	s.closeFiles()

@@ -210,7 +210,7 @@ func (s *FileStore) Release(ctx context.Context, id, token string, status Status
 		return Lease{}, err
 	}
 	return s.mutateActive(id, &token, func(e *entry) error {
-		return s.endLocked(e, status, "released by its holder")
+		return s.endLocked(e, status, "released by its holder", false)
 	})
 }
 
@@ -220,7 +220,7 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 		return Lease{}, err
 	}
 	return s.mutateActive(id, nil, func(e *entry) error {
-		return s.endLocked(e, status, "ended by its holder")
+		return s.endLocked(e, status, "ended by its holder", e.lease.Mode == ModeHandle)
 	})
 }
 
@@ -382,7 +382,7 @@ func (s *FileStore) EndResource(ctx context.Context, resource string, status Sta
 	var ended []Lease
 	for _, e := range s.leases {
 		if e.lease.Resource == resource && e.lease.Status == StatusActive {
-			if err := s.endLocked(e, status, "resource ended"); err != nil {
+			if err := s.endLocked(e, status, "resource ended", false); err != nil {
 				return ended, err
 			}
 			ended = append(ended, s.snapshot(e))
@@ -398,6 +398,9 @@ func (s *FileStore) Reap(ctx context.Context) ([]Lease, error) {
 		return nil, err
 	}
 	defer s.mu.Unlock()
+	if err := s.syncLocked(); err != nil {
+		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
+	}
 	var ended []Lease
 	for _, e := range s.live {
 		live, err := s.checkLive(e)
@@ -442,6 +445,7 @@ func (s *FileStore) pruneLocked() error {
 			return err
 		}
 		delete(s.leases, e.lease.ID)
+		delete(s.unsynced, e.lease.ID)
 	}
 	if err := s.dirFile.Sync(); err != nil {
 		return &PersistError{Op: "sync", Path: s.dir, Err: err}

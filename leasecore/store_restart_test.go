@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -341,5 +342,42 @@ func TestPersistFailureChangesNothing(t *testing.T) {
 	}
 	if g2 := reserve(t, s, "y"); g2.Lease.Generation != g.Lease.Generation+1 {
 		t.Errorf("failed Reserve consumed a generation: got %d, want %d", g2.Lease.Generation, g.Lease.Generation+1)
+	}
+}
+
+// Ends that a restart would make anyway — a lease dead by the liveness rules,
+// a handle lease — take effect in memory when the disk refuses the record,
+// and the record is written by a later Reap once it can be.
+func TestDeferrableEndsSurvivePersistFailure(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newStore(t, Options{LeaseDuration: time.Minute})
+	ctx := context.Background()
+	expiring := reserve(t, s, "expiring")
+	handle, err := s.Reserve(ctx, Draft{Resource: "handle", Mode: ModeHandle, HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(state, LeasesDir)
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+	if _, err := s.End(ctx, handle.Lease.ID, StatusComplete); err != nil {
+		t.Fatalf("End of a handle lease on a failing disk: %v, want success in memory", err)
+	}
+	leases, err := s.List(ctx)
+	if err != nil || len(leases) != 0 {
+		t.Fatalf("List on a failing disk = %v, %v; want no live leases and no error", leases, err)
+	}
+	if err := os.Rename(dir+".moved", dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reap(ctx); err != nil {
+		t.Fatalf("Reap once the disk works: %v", err)
+	}
+	for id, want := range map[string]string{expiring.Lease.ID: "abandoned", handle.Lease.ID: "complete"} {
+		if data := string(readFile(t, recordPath(state, id))); !strings.Contains(data, `status = "`+want+`"`) {
+			t.Errorf("record of %s after Reap:\n%s\nwant status %s", id, data, want)
+		}
 	}
 }
