@@ -84,6 +84,16 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
 		Args:  args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, a []string) error {
+			switch {
+			case opts.LeaseDuration < time.Second:
+				return usageError{fmt.Errorf("--lease-duration %s: must be at least 1s", opts.LeaseDuration)}
+			case opts.MaxLeasesPerUID < 1:
+				return usageError{fmt.Errorf("--max-leases-per-uid %d: must be at least 1", opts.MaxLeasesPerUID)}
+			case opts.HistoryKeep < 1:
+				return usageError{fmt.Errorf("--history-keep %d: must be at least 1", opts.HistoryKeep)}
+			case opts.TakeoverTimeout <= 0:
+				return usageError{fmt.Errorf("--takeover-timeout %s: must be positive", opts.TakeoverTimeout)}
+			}
 			opts.Mountpoint = a[0]
 			level := slog.LevelInfo
 			if debug {
@@ -107,12 +117,13 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 }
 
 // openReadOnly opens the store at state for reading under its shared lock.
-func openReadOnly(state string) (*leasecore.FileStore, error) {
+func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) {
 	held, ok := leasecore.FlockHeld(filepath.Join(state, mount.DaemonLockName))
 	return leasecore.OpenFileStore(state, leasecore.Options{
 		ReadOnly: true,
 		NoDaemon: ok && !held,
-		Logger:   slog.New(slog.DiscardHandler),
+		// Records that cannot be loaded are reported on stderr.
+		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 }
 
@@ -181,7 +192,7 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := openReadOnly(state)
+			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -224,7 +235,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 			if len(a) == 1 {
 				resource = a[0]
 			}
-			s, err := openReadOnly(state)
+			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}

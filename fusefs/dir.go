@@ -125,7 +125,14 @@ func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	entries := make([]fuse.DirEntry, 0, len(nss)+len(leases))
+	entries := make([]fuse.DirEntry, 0, len(nss)+len(leases)+2)
+	entries = append(entries, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.fsys.dirIno(d.path)})
+	parentIno := uint64(fuse.FUSE_ROOT_ID)
+	if d.path != "" {
+		parent, _ := splitResource(d.path)
+		parentIno = d.fsys.dirIno(parent)
+	}
+	entries = append(entries, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
 	for _, ns := range nss {
 		_, name := splitResource(ns.Path)
 		entries = append(entries, fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: d.fsys.dirIno(ns.Path)})

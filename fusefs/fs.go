@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"os"
@@ -113,25 +114,36 @@ func (f *FS) RawFileSystem() fuse.RawFileSystem {
 
 // Run ends dead leases every ReapInterval and removes leases ended outside
 // unlink from the kernel's view, until ctx is done. Call it once, after the
-// mount is serving. It is the only place that sends kernel notifications.
+// mount is serving. It is the only place that sends kernel notifications,
+// from a goroutine of its own: a notification waits for the directory lock
+// that an in-flight request may hold, and must not hold up reaping.
 func (f *FS) Run(ctx context.Context) {
+	notified := make(chan struct{})
+	go func() {
+		defer close(notified)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case l := <-f.gone:
+				f.invalidate(l)
+			}
+		}
+	}()
+	defer func() { <-notified }()
 	tick := time.NewTicker(f.opts.ReapInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case l := <-f.gone:
-			f.invalidate(l)
 		case <-tick.C:
 			ended, err := f.store.Reap(ctx)
 			if err != nil && ctx.Err() == nil {
 				f.log.Error("reap failed", "err", err)
 			}
 			for _, l := range ended {
-				f.forgetToken(l.ID)
-				f.wake(l.Resource)
-				f.invalidate(l)
+				f.ended(l)
 			}
 		}
 	}
@@ -287,10 +299,18 @@ func callerOf(ctx context.Context) caller {
 // root (SPEC §7).
 func (c caller) mayHold(l leasecore.Lease) bool { return c.uid == 0 || c.uid == l.HolderUID }
 
+// maxLogReason bounds the reason in a refusal's log line, so that hostile
+// input cannot flood the log.
+const maxLogReason = 256
+
 // refuse logs one line for a refused operation and returns errno.
 func (f *FS) refuse(op, resource string, c caller, errno syscall.Errno, reason any) syscall.Errno {
+	why := fmt.Sprint(reason)
+	if len(why) > maxLogReason {
+		why = why[:maxLogReason] + "…"
+	}
 	f.log.Warn("refused", "op", op, "resource", resource, "pid", c.pid, "uid", c.uid,
-		"errno", errnoName(errno), "reason", reason)
+		"errno", errnoName(errno), "reason", why)
 	return errno
 }
 

@@ -102,12 +102,12 @@ func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 }
 
 // xattrValue returns the value of attribute name of l.
-func xattrValue(l leasecore.Lease, name string) (string, bool) {
+func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {
 	key, ok := strings.CutPrefix(name, XattrPrefix)
 	if !ok {
 		return "", false
 	}
-	for _, f := range leasecore.StatusFields(l, 0) {
+	for _, f := range leasecore.StatusFields(l, f.waiters(l.Resource)) {
 		if f.Key == key {
 			return f.Raw, true
 		}
@@ -123,7 +123,7 @@ func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uin
 	if errno != 0 {
 		return 0, errno
 	}
-	v, ok := xattrValue(l, attr)
+	v, ok := n.fsys.xattrValue(l, attr)
 	if !ok {
 		return 0, syscall.ENODATA
 	}
@@ -143,7 +143,7 @@ func (n *leaseNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall
 		return 0, errno
 	}
 	var b strings.Builder
-	for _, f := range leasecore.StatusFields(l, 0) {
+	for _, f := range leasecore.StatusFields(l, n.fsys.waiters(l.Resource)) {
 		b.WriteString(XattrPrefix + f.Key)
 		b.WriteByte(0)
 	}

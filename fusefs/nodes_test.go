@@ -349,12 +349,18 @@ func TestNamespaces(t *testing.T) {
 	}
 }
 
-// readdir lists d, marking directories with a trailing slash.
+// readdir lists d without "." and "..", which it checks come first,
+// marking directories with a trailing slash.
 func readdir(t *testing.T, ctx context.Context, d *dirNode) []string {
 	t.Helper()
 	ds, errno := d.Readdir(ctx)
 	if errno != 0 {
 		t.Fatalf("Readdir: %v", errno)
+	}
+	for _, dot := range []string{".", ".."} {
+		if de, errno := ds.Next(); errno != 0 || de.Name != dot || de.Mode != syscall.S_IFDIR {
+			t.Fatalf("Readdir entry = %+v, %v; want %q first", de, errno, dot)
+		}
 	}
 	var names []string
 	for ds.HasNext() {

@@ -47,6 +47,39 @@ type tomlCommand struct {
 
 var errBadPayload = errors.New("fusefs: malformed payload")
 
+// commandKeys are the keys a TOML command may use (SPEC §4.2).
+var commandKeys = map[string]bool{
+	"token": true, "action": true, "reason": true, "actor_session_id": true,
+	"task_assignment_id": true, "anchor_state": true, "anchor_root": true,
+	"path": true, "client": true, "pid": true,
+}
+
+// checkCommandShape accepts only what a command can be before it reaches
+// the TOML parser: blank lines, comments, and "key = value" lines whose key
+// is a known bare key and whose value is a one-line string or an integer.
+// Tables, dotted keys, arrays and multi-line strings are refused up front,
+// so the parser's work stays linear in the payload: a payload of dotted
+// keys (a.a.a…) costs it time and memory quadratic in their number.
+func checkCommandShape(text string) error {
+	for line := range strings.SplitSeq(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		key, value = strings.TrimSpace(key), strings.TrimSpace(value)
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: a line is not key = value", errBadPayload)
+		case !commandKeys[key]:
+			return fmt.Errorf("%w: unknown key %.40q", errBadPayload, key)
+		case strings.HasPrefix(value, `"""`) || strings.HasPrefix(value, "'''") || strings.HasPrefix(value, "[") || strings.HasPrefix(value, "{"):
+			return fmt.Errorf("%w: key %s: only one-line strings and integers", errBadPayload, key)
+		}
+	}
+	return nil
+}
+
 // parsePayload parses one write() payload: a bare token line (renew), the
 // bare word "takeover", or a TOML command document (SPEC §4.2). A trailing
 // newline is optional. Errors wrap errBadPayload (EINVAL); the payload size
@@ -64,6 +97,9 @@ func parsePayload(p []byte) (command, error) {
 		return command{action: actionTakeover}, nil
 	case strings.HasPrefix(bare, leasecore.TokenPrefix) && !strings.ContainsAny(bare, " \t\r\n=\"'"):
 		return command{action: actionRenew, token: bare}, nil
+	}
+	if err := checkCommandShape(text); err != nil {
+		return command{}, err
 	}
 	var tc tomlCommand
 	md, err := toml.Decode(text, &tc)
@@ -88,6 +124,10 @@ func parsePayload(p []byte) (command, error) {
 	case actionTakeover:
 		if tc.Reason != nil {
 			cmd.reason = *tc.Reason
+		}
+		if tc.Token != nil || tc.ActorSessionID != nil || tc.TaskAssignmentID != nil || tc.AnchorState != nil ||
+			tc.AnchorRoot != nil || tc.Path != nil || tc.Client != nil || tc.PID != nil {
+			return command{}, fmt.Errorf("%w: takeover takes only a reason", errBadPayload)
 		}
 	default:
 		return command{}, fmt.Errorf("%w: unknown action %q", errBadPayload, cmd.action)

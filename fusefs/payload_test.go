@@ -115,7 +115,7 @@ func TestParsePayloadErrors(t *testing.T) {
 		{"not a token", "not a token", ""},
 		{"two tokens", testToken + "\n" + testToken, ""},
 		{"unknown key", "token = \"hwl_x\"\ncolour = \"red\"\n", "unknown key"},
-		{"unknown table", "token = \"hwl_x\"\n[extra]\nk = 1\n", "unknown key"},
+		{"unknown table", "token = \"hwl_x\"\n[extra]\nk = 1\n", "not key = value"},
 		{"unknown action", "token = \"hwl_x\"\naction = \"steal\"\n", "unknown action"},
 		{"unknown bare word", "renew", ""},
 		{"missing token for renew", "action = \"renew\"\n", "needs a token"},

@@ -178,7 +178,7 @@ type Store interface {
 	// Namespace returns the namespace at path. Errors: ErrNotFound.
 	Namespace(ctx context.Context, path string) (Namespace, error)
 	// Mkdir creates namespace path. Errors: ErrExists, ErrNoNamespace,
-	// ErrInvalidName, ErrNameTooLong, *PersistError.
+	// ErrQuota, ErrInvalidName, ErrNameTooLong, *PersistError.
 	Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error)
 	// Rmdir removes an empty namespace. Errors: ErrNotFound, ErrNotEmpty,
 	// *PersistError.

@@ -101,7 +101,9 @@ func (s *FileStore) Namespace(ctx context.Context, path string) (Namespace, erro
 	return ns, nil
 }
 
-// Mkdir creates namespace path; see [Store.Mkdir].
+// Mkdir creates namespace path; see [Store.Mkdir]. A uid may own at most
+// Options.MaxLeasesPerUID namespaces (ErrQuota), so that one user cannot
+// exhaust the store (SPEC §7).
 func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error) {
 	if err := ValidateResource(path); err != nil {
 		return Namespace{}, err
@@ -117,6 +119,15 @@ func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Na
 	}
 	if _, ok := s.namespaces[path]; ok {
 		return Namespace{}, fmt.Errorf("%w: namespace %q", ErrExists, path)
+	}
+	owned := 0
+	for _, ns := range s.namespaces {
+		if ns.UID == uid {
+			owned++
+		}
+	}
+	if owned >= s.opts.MaxLeasesPerUID {
+		return Namespace{}, fmt.Errorf("%w: uid %d owns %d namespaces", ErrQuota, uid, owned)
 	}
 	if e := s.live[path]; e != nil {
 		if live, err := s.checkLive(e); err != nil {

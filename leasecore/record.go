@@ -66,6 +66,11 @@ type record struct {
 	TakeoverReason      string      `toml:"takeover_reason,omitempty"`
 }
 
+// MaxGeneration is the largest generation a record may carry: far beyond
+// any real count, and small enough that TOML (signed 64-bit integers) holds
+// it and inode numbers derived from it cannot wrap.
+const MaxGeneration = 1 << 48
+
 // maxRecordBytes bounds the size of a record file that will be parsed; a
 // larger file is corrupt or hostile.
 const maxRecordBytes = 1 << 20
@@ -107,6 +112,9 @@ func decodeRecord(data []byte) (*record, error) {
 	}
 	if r.HeartbeatAt.IsZero() || r.StartedAt.IsZero() {
 		return nil, fmt.Errorf("missing heartbeat_at or started_at")
+	}
+	if r.Generation > MaxGeneration {
+		return nil, fmt.Errorf("generation %d out of range", r.Generation)
 	}
 	if r.PID < 0 || r.PID > 1<<22 || r.HolderUID < 0 || r.HolderUID > 1<<32-1 ||
 		r.HolderGID < 0 || r.HolderGID > 1<<32-1 || r.HolderPID < 0 || r.HolderPID > 1<<31-1 {

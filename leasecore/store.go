@@ -261,7 +261,10 @@ func (s *FileStore) load() error {
 		s.hw = max(s.hw, e.lease.Generation)
 	}
 	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
-		if n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64); err == nil {
+		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil || n > MaxGeneration {
+			s.opts.Logger.Warn("ignoring corrupt generation file", "path", filepath.Join(s.state, generationName))
+		} else {
 			s.hwSaved = n
 			s.hw = max(s.hw, n)
 		}

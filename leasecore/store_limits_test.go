@@ -136,3 +136,31 @@ func TestInvalidDrafts(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestNamespaceQuota(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	ctx := context.Background()
+	for _, p := range []string{"a", "b"} {
+		if _, err := s.Mkdir(ctx, p, 1000, 1000); err != nil {
+			t.Fatalf("Mkdir(%s): %v", p, err)
+		}
+	}
+	if _, err := s.Mkdir(ctx, "c", 1000, 1000); !errors.Is(err, ErrQuota) {
+		t.Fatalf("third Mkdir by one uid = %v, want ErrQuota", err)
+	}
+	if _, err := s.Mkdir(ctx, "c", 1001, 1001); err != nil {
+		t.Fatalf("Mkdir by another uid: %v", err)
+	}
+}
+
+func TestGenerationOutOfRangeRejected(t *testing.T) {
+	t.Parallel()
+	for _, gen := range []string{"-5", "281474976710657"} {
+		rec := "lease_id = \"lease-abc\"\nthread = \"a\"\ntoken_hash = \"00\"\nheartbeat_at = \"2026-11-30T02:00:00Z\"\n" +
+			"started_at = \"2026-11-30T02:00:00Z\"\nstatus = \"active\"\ngeneration = " + gen + "\n"
+		if _, err := decodeRecord([]byte(rec)); err == nil {
+			t.Errorf("record with generation %s accepted", gen)
+		}
+	}
+}

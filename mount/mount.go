@@ -91,15 +91,20 @@ func DefaultStateDir() string {
 }
 
 // ErrInsideState is returned by [Run] when the mountpoint and the state
-// directory are nested: the daemon would serve its own store through itself
-// and deadlock (FUSE-NOTES.md).
+// directory are nested, or the state directory lies in a leasefs mount: the
+// daemon would serve its own store through itself and deadlock
+// (FUSE-NOTES.md).
 var ErrInsideState = errors.New("mount: mountpoint and state directory must not be inside each other")
+
+// ErrMounted is returned by [Run] when the mountpoint already carries a
+// live leasefs mount: mounting on top would hide it.
+var ErrMounted = errors.New("mount: mountpoint already has a leasefs mount")
 
 // Run mounts leasefs on opts.Mountpoint and serves it until ctx is done or
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
 // and returns. Errors: a *[leasecore.HeldError] when another daemon serves
 // the state directory (naming it); [ErrInsideState]; mount and store
-// errors. Run logs "mounted" once the mount is serving.
+// [ErrMounted]; errors. Run logs "mounted" once the mount is serving.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -116,11 +121,14 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(state, 0o700); err != nil {
-		return fmt.Errorf("mount: create state directory: %w", err)
-	}
 	if nested(state, mp) {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
+	}
+	if m, ok := containingMount(readMounts(), state); ok && m.fsType == fsType {
+		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.point)
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return fmt.Errorf("mount: create state directory: %w", err)
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
@@ -134,6 +142,9 @@ func Run(ctx context.Context, opts Options) error {
 
 	if err := cleanStale(mp, log); err != nil {
 		return err
+	}
+	if m, ok := mountedAt(readMounts(), mp); ok && m.fsType == fsType {
+		return fmt.Errorf("%w: %s (a live leasefs mount of another state directory; unmount it first)", ErrMounted, mp)
 	}
 	if st, err := os.Stat(mp); err != nil {
 		return fmt.Errorf("mount: %w", err)

@@ -75,3 +75,23 @@ func TestRunRefusesHeldStateDir(t *testing.T) {
 		t.Fatalf("Run on a held state directory = %v, want a HeldError naming the holder", err)
 	}
 }
+
+func TestUnescapeOctal(t *testing.T) {
+	for in, want := range map[string]string{`/a\040b`: "/a b", `/x\134y`: `/x\y`, `/plain`: "/plain", `/end\04`: `/end\04`} {
+		if got := unescapeOctal(in); got != want {
+			t.Errorf("unescapeOctal(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestContainingMount(t *testing.T) {
+	mounts := []mountEntry{{"/", "ext4"}, {"/mnt", "tmpfs"}, {"/mnt/l", "fuse.leasefs"}, {"/mnt", "ext4"}}
+	for path, want := range map[string]string{"/mnt/l/state": "fuse.leasefs", "/mnt/x": "ext4", "/srv": "ext4", "/mnt/l": "fuse.leasefs"} {
+		if m, ok := containingMount(mounts, path); !ok || m.fsType != want {
+			t.Errorf("containingMount(%q) = %+v, %v; want %s", path, m, ok, want)
+		}
+	}
+	if len(readMounts()) == 0 {
+		t.Errorf("readMounts found no mounts in /proc/self/mountinfo")
+	}
+}

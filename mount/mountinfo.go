@@ -1,0 +1,87 @@
+package mount
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// fsType is the filesystem type leasefs mounts show in /proc/self/mountinfo.
+const fsType = "fuse.leasefs"
+
+// mountEntry is one line of /proc/self/mountinfo (proc(5)).
+type mountEntry struct {
+	point  string // mount point, unescaped
+	fsType string // e.g. "fuse.leasefs", "ext4"
+}
+
+// readMounts parses /proc/self/mountinfo; nil when it cannot be read.
+func readMounts() []mountEntry {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw"
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		out = append(out, mountEntry{point: unescapeOctal(fields[4]), fsType: fields[sep+1]})
+	}
+	return out
+}
+
+// unescapeOctal undoes mountinfo's \ooo escapes (space, tab, newline, \).
+func unescapeOctal(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// mountedAt returns the topmost mount whose mount point is path.
+func mountedAt(mounts []mountEntry, path string) (mountEntry, bool) {
+	var found mountEntry
+	ok := false
+	for _, m := range mounts {
+		if m.point == path {
+			found, ok = m, true // later lines are mounted on top
+		}
+	}
+	return found, ok
+}
+
+// containingMount returns the mount that holds path: the one with the
+// longest mount point that is path or one of its ancestors.
+func containingMount(mounts []mountEntry, path string) (mountEntry, bool) {
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if m, ok := mountedAt(mounts, p); ok {
+			return m, true
+		}
+		if p == "/" || p == "." {
+			return mountEntry{}, false
+		}
+	}
+}
