@@ -176,7 +176,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 			return nil, nil, 0, d.fsys.refuse("open", resource, c, syscall.EACCES, "not the holder uid")
 		}
 		node := d.childLease(ctx, held.Holder, out)
-		return node, newHandle(d.fsys, held.Holder, false), fuse.FOPEN_DIRECT_IO, 0
+		return node, node.Operations().(*leaseNode).newHandle(held.Holder, false), fuse.FOPEN_DIRECT_IO, 0
 	case err != nil:
 		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
 	}
@@ -184,7 +184,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	d.fsys.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
 		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.pid)
 	node := d.childLease(ctx, g.Lease, out)
-	return node, newHandle(d.fsys, g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
+	return node, node.Operations().(*leaseNode).newHandle(g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
 }
 
 // Unlink releases the live lease on name as complete (SPEC §3). Errors:

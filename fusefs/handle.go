@@ -16,6 +16,7 @@ import (
 // lease it was opened on (SPEC §3).
 type leaseHandle struct {
 	fsys     *FS
+	node     *leaseNode // the inode the file was opened on
 	resource string
 
 	mu sync.Mutex
@@ -48,8 +49,17 @@ var (
 	_ = (fs.FileReleaser)((*leaseHandle)(nil))
 )
 
-func newHandle(f *FS, l leasecore.Lease, reserved bool) *leaseHandle {
-	return &leaseHandle{fsys: f, id: l.ID, resource: l.Resource, reserved: reserved}
+// newHandle opens lease l on node n; reserved marks the open file whose
+// create reserved l.
+func (n *leaseNode) newHandle(l leasecore.Lease, reserved bool) *leaseHandle {
+	h := &leaseHandle{fsys: n.fsys, node: n, id: l.ID, resource: l.Resource, reserved: reserved}
+	n.mu.Lock()
+	if n.handles == nil {
+		n.handles = make(map[*leaseHandle]struct{})
+	}
+	n.handles[h] = struct{}{}
+	n.mu.Unlock()
+	return h
 }
 
 // leaseID returns the lease the handle refers to now.
@@ -167,6 +177,9 @@ func (h *leaseHandle) Release(ctx context.Context) syscall.Errno {
 	id, bound, keys := h.id, h.bound, h.posixKeys
 	h.bound, h.posixKeys = false, nil
 	h.mu.Unlock()
+	h.node.mu.Lock()
+	delete(h.node.handles, h)
+	h.node.mu.Unlock()
 	if bound {
 		h.fsys.endHandleLease(id, "open file released")
 	}

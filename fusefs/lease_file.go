@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -23,6 +24,11 @@ type leaseNode struct {
 	fsys     *FS
 	id       string
 	resource string
+
+	mu sync.Mutex
+	// handles are the open files of this inode, which a granted lock may
+	// have re-bound to a newer lease of the name (SPEC §6).
+	handles map[*leaseHandle]struct{}
 }
 
 var (
@@ -47,17 +53,40 @@ func (n *leaseNode) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
 	return l, 0
 }
 
-// Getattr returns the lease's attributes (SPEC §3 stat row); ESTALE once it
-// has ended. Through an open file (fstat) it describes the open file's
-// lease; st_ino stays the inode the file was opened on.
-func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	live := n.live
-	if h, ok := fh.(*leaseHandle); ok {
-		// fstat: the open file's lease, which a granted lock may have
-		// re-bound to a newer lease of the name (SPEC §6).
-		live = h.live
+// current returns the lease this inode describes: its own while live;
+// once that has ended, the live lease that one of its open files was
+// re-bound to by a granted lock, so that fstat and fgetxattr on a granted
+// waiter's descriptor work (the kernel sends them per inode, not per open
+// file). ESTALE when neither exists.
+func (n *leaseNode) current(ctx context.Context) (leasecore.Lease, syscall.Errno) {
+	l, errno := n.live(ctx)
+	if errno != syscall.ESTALE {
+		return l, errno
 	}
-	l, errno := live(ctx)
+	n.mu.Lock()
+	ids := make([]string, 0, len(n.handles))
+	for h := range n.handles {
+		ids = append(ids, h.leaseID())
+	}
+	n.mu.Unlock()
+	for _, id := range ids {
+		if id == n.id {
+			continue
+		}
+		if rebound, err := n.fsys.store.Load(ctx, id); err == nil && rebound.Live() {
+			return rebound, 0
+		}
+	}
+	return l, syscall.ESTALE
+}
+
+// Getattr returns the lease's attributes (SPEC §3 stat row); ESTALE once it
+// has ended, unless an open file of the inode was re-bound (see current);
+// st_ino stays the inode's.
+func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	// fh is no help: for fstat the kernel sends none and go-fuse passes
+	// the inode's first open file, whichever process it belongs to.
+	l, errno := n.current(ctx)
 	if errno != 0 {
 		return errno
 	}
@@ -98,7 +127,7 @@ func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.mayHold(l) {
 		return nil, 0, n.fsys.refuse("open", n.resource, c, syscall.EACCES, "not the holder uid")
 	}
-	return newHandle(n.fsys, l, false), fuse.FOPEN_DIRECT_IO, 0
+	return n.newHandle(l, false), fuse.FOPEN_DIRECT_IO, 0
 }
 
 // xattrValue returns the value of attribute name of l.
@@ -119,7 +148,7 @@ func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {
 // ENODATA for unknown names, ERANGE when dest is too small, ESTALE once the
 // lease has ended.
 func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	l, errno := n.live(ctx)
+	l, errno := n.current(ctx)
 	if errno != 0 {
 		return 0, errno
 	}
@@ -138,7 +167,7 @@ func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uin
 
 // Listxattr lists the status fields as "user.lease.<field>" names.
 func (n *leaseNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	l, errno := n.live(ctx)
+	l, errno := n.current(ctx)
 	if errno != 0 {
 		return 0, errno
 	}

@@ -1,0 +1,63 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// fuzzTargets are the project's go test -fuzz targets: the write-payload
+// parser, the record loader and name validation (issue 4, part 4).
+var fuzzTargets = []struct{ pkg, name string }{
+	{"./fusefs", "FuzzParsePayload"},
+	{"./leasecore", "FuzzDecodeRecord"},
+	{"./leasecore", "FuzzValidateResource"},
+}
+
+// fuzzTimeEnv overrides how long each target runs (default 20s).
+const fuzzTimeEnv = "LEASEFS_FUZZTIME"
+
+// TestReliabilityFuzz runs every fuzz target for a bounded time in a child
+// `go test -fuzz` and records how many inputs it tried. A crash or a
+// property violation fails the child, and with it this test; the failing
+// input is left under the package's testdata/fuzz for `go test` to replay.
+func TestReliabilityFuzz(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzzTime := os.Getenv(fuzzTimeEnv)
+	if fuzzTime == "" {
+		fuzzTime = "20s"
+	}
+	execs := regexp.MustCompile(`execs: (\d+)`)
+	total, failed := 0, 0
+	for _, ft := range fuzzTargets {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-fuzz", "^"+ft.name+"$",
+			"-fuzztime", fuzzTime, "-fuzzminimizetime", "100x", ft.pkg)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		cancel()
+		if err != nil {
+			failed++
+			t.Errorf("%s %s: %v\n%s", ft.pkg, ft.name, err, out)
+			continue
+		}
+		n := 0
+		if m := execs.FindAllSubmatch(out, -1); len(m) > 0 {
+			n, _ = strconv.Atoi(string(m[len(m)-1][1]))
+		}
+		if n == 0 {
+			t.Errorf("%s %s tried no inputs:\n%s", ft.pkg, ft.name, out)
+		}
+		recordFigure("fuzzing", ft.name+" inputs tried ("+fuzzTime+")", n)
+		total += n
+	}
+	recordFigure("fuzzing", "inputs tried in all", total)
+	recordFigure("fuzzing", "targets that crashed or broke a property", failed)
+}
