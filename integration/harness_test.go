@@ -282,13 +282,19 @@ func (d *daemon) stop(requireClean bool) int {
 }
 
 // kill sends SIGKILL and waits for the process; the mount is left behind, stale.
+//
+// A daemon killed while one of its threads waits in the kernel on its own
+// mount (a kernel notification behind a request only it could answer)
+// cannot exit until its FUSE connection is aborted; the next daemon started
+// on its state directory does that (mount.abortDyingHolder), and so does
+// cleanup. kill therefore waits only briefly for the exit.
 func (d *daemon) kill() {
 	d.t.Helper()
 	_ = d.cmd.Process.Signal(syscall.SIGKILL)
 	select {
 	case <-d.exited:
-	case <-time.After(10 * time.Second):
-		d.t.Fatalf("leasefs pid %d survived SIGKILL for 10s", d.pid)
+	case <-time.After(3 * time.Second):
+		d.t.Logf("leasefs pid %d is stuck in the kernel after SIGKILL; the next daemon aborts its connection", d.pid)
 	}
 }
 
@@ -405,7 +411,12 @@ func abortConnection(mp string) {
 			continue
 		}
 		if _, minor, ok := strings.Cut(f[2], ":"); ok {
-			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0)
+			dir := filepath.Join("/sys/fs/fuse/connections", minor)
+			if _, err := os.Stat(dir); err != nil {
+				// fusectl is not mounted on every machine.
+				_ = unix.Mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, "")
+			}
+			_ = os.WriteFile(filepath.Join(dir, "abort"), []byte("1"), 0)
 		}
 	}
 }

@@ -61,6 +61,10 @@ type Options struct {
 	TakeoverTimeout time.Duration
 }
 
+// dyingWait bounds the wait for a killed daemon to exit once its FUSE
+// connection has been aborted.
+const dyingWait = 5 * time.Second
+
 // DefaultTakeoverTimeout is how long "mount --takeover" waits for the
 // running daemon to release the state directory.
 const DefaultTakeoverTimeout = 10 * time.Second
@@ -132,7 +136,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
-	lock, err := acquireDaemonLock(ctx, lockPath, leasecore.CurrentHolder("leasefs mount "+mp), opts, log)
+	lock, err := acquireDaemonLock(ctx, lockPath, mp, leasecore.CurrentHolder("leasefs mount "+mp), opts, log)
 	if err != nil {
 		return err
 	}
@@ -248,14 +252,30 @@ func Run(ctx context.Context, opts Options) error {
 	return nil
 }
 
-// acquireDaemonLock takes the state directory's daemon lock. When another
-// daemon holds it and opts.Takeover is set, it writes a takeover request and
+// acquireDaemonLock takes the state directory's daemon lock. A holder that
+// was killed but is stuck in the kernel on its own mount has its connection
+// aborted and is waited for. When another daemon holds it and opts.Takeover
+// is set, it writes a takeover request and
 // retries until the holder lets go or opts.TakeoverTimeout passes.
 // Errors: *leasecore.HeldError naming the holder.
-func acquireDaemonLock(ctx context.Context, path string, me leasecore.HolderInfo, opts Options, log *slog.Logger) (*leasecore.FileLock, error) {
+func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.HolderInfo, opts Options, log *slog.Logger) (*leasecore.FileLock, error) {
 	lock, err := leasecore.AcquireFileLock(path, me)
-	if err == nil || !opts.Takeover || !errors.Is(err, leasecore.ErrLockHeld) {
+	var held *leasecore.HeldError
+	if err == nil || !errors.As(err, &held) {
 		return lock, err
+	}
+	if abortDyingHolder(held, mp, log) {
+		// The killed holder exits, and its lock goes, once its blocked
+		// thread is freed.
+		for end := time.Now().Add(dyingWait); time.Now().Before(end); {
+			time.Sleep(takeoverPoll)
+			if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+				return lock, err
+			}
+		}
+	}
+	if !opts.Takeover {
+		return nil, err
 	}
 	timeout := opts.TakeoverTimeout
 	if timeout <= 0 {

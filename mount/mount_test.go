@@ -85,7 +85,7 @@ func TestUnescapeOctal(t *testing.T) {
 }
 
 func TestContainingMount(t *testing.T) {
-	mounts := []mountEntry{{"/", "ext4"}, {"/mnt", "tmpfs"}, {"/mnt/l", "fuse.leasefs"}, {"/mnt", "ext4"}}
+	mounts := []mountEntry{{"/", "ext4", "1"}, {"/mnt", "tmpfs", "2"}, {"/mnt/l", "fuse.leasefs", "3"}, {"/mnt", "ext4", "4"}}
 	for path, want := range map[string]string{"/mnt/l/state": "fuse.leasefs", "/mnt/x": "ext4", "/srv": "ext4", "/mnt/l": "fuse.leasefs"} {
 		if m, ok := containingMount(mounts, path); !ok || m.fsType != want {
 			t.Errorf("containingMount(%q) = %+v, %v; want %s", path, m, ok, want)
@@ -93,5 +93,14 @@ func TestContainingMount(t *testing.T) {
 	}
 	if len(readMounts()) == 0 {
 		t.Errorf("readMounts found no mounts in /proc/self/mountinfo")
+	}
+}
+
+func TestKillPending(t *testing.T) {
+	if killPending(os.Getpid()) {
+		t.Errorf("killPending(self) = true")
+	}
+	if killPending(1 << 30) {
+		t.Errorf("killPending(no such pid) = true")
 	}
 }

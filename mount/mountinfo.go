@@ -15,6 +15,7 @@ const fsType = "fuse.leasefs"
 type mountEntry struct {
 	point  string // mount point, unescaped
 	fsType string // e.g. "fuse.leasefs", "ext4"
+	minor  string // device minor number; names a FUSE connection in fusectl
 }
 
 // readMounts parses /proc/self/mountinfo; nil when it cannot be read.
@@ -40,7 +41,8 @@ func readMounts() []mountEntry {
 		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		out = append(out, mountEntry{point: unescapeOctal(fields[4]), fsType: fields[sep+1]})
+		_, minor, _ := strings.Cut(fields[2], ":")
+		out = append(out, mountEntry{point: unescapeOctal(fields[4]), fsType: fields[sep+1], minor: minor})
 	}
 	return out
 }

@@ -1,0 +1,84 @@
+package mount
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// fusectlDir is where the fusectl filesystem exposes one directory per
+// FUSE connection, with an abort file in each (kernel FUSE documentation).
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// killPending reports whether process pid has a SIGKILL pending: it has
+// been killed but has not exited, because one of its threads is blocked in
+// the kernel (proc(5): SigPnd, ShdPnd).
+func killPending(pid int) bool {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		key, val, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (key != "SigPnd" && key != "ShdPnd") {
+			continue
+		}
+		mask, err := strconv.ParseUint(strings.TrimSpace(val), 16, 64)
+		if err == nil && mask&(1<<(unix.SIGKILL-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// abortConnection aborts the FUSE connection mounted on mp through fusectl,
+// mounting fusectl first if needed (root only). Requests waiting on the
+// connection fail, which frees kernel threads blocked behind them.
+func abortConnection(mp string) error {
+	var minor string
+	for _, m := range readMounts() {
+		if m.point == mp && m.fsType == fsType {
+			minor = m.minor
+		}
+	}
+	if minor == "" {
+		return fmt.Errorf("no leasefs mount on %s", mp)
+	}
+	if _, err := os.Stat(filepath.Join(fusectlDir, minor)); errors.Is(err, os.ErrNotExist) {
+		if err := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount fusectl: %w", err)
+		}
+	}
+	return os.WriteFile(filepath.Join(fusectlDir, minor, "abort"), []byte("1"), 0)
+}
+
+// abortDyingHolder handles a daemon lock held by a daemon that was killed
+// but cannot exit: a thread of it is blocked in a kernel notification on
+// its own mount, waiting for a request that only it could answer. Aborting
+// its connection frees it (FUSE-NOTES.md). It reports whether it aborted.
+func abortDyingHolder(held *leasecore.HeldError, mp string, log *slog.Logger) bool {
+	if held.Holder.PID <= 0 || held.Holder.Host != leasecore.Hostname() || !killPending(held.Holder.PID) {
+		return false
+	}
+	target := mp
+	if p, ok := strings.CutPrefix(held.Holder.Client, "leasefs mount "); ok {
+		target = p
+	}
+	if err := abortConnection(target); err != nil {
+		log.Warn("cannot abort the killed daemon's connection", "pid", held.Holder.PID, "mountpoint", target, "err", err)
+		return false
+	}
+	log.Warn("aborted the FUSE connection of a killed daemon that could not exit", "pid", held.Holder.PID, "mountpoint", target)
+	return true
+}
