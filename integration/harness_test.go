@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/mount"
 )
 
 // leasefsBin is the path of the binary built by TestMain; it is set once before any test runs.
@@ -315,7 +317,7 @@ func (d *daemon) shutdown(term bool) bool {
 		return false
 	case <-time.After(5 * time.Second):
 	}
-	abortConnection(d.mountpoint) // a daemon blocked on its own mount sits in D state
+	_ = mount.AbortConnection(d.mountpoint) // a daemon blocked on its own mount sits in D state
 	select {
 	case <-d.exited:
 	case <-time.After(5 * time.Second):
@@ -339,86 +341,16 @@ func detach(t testing.TB, mp string) {
 	}
 }
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	dev        string // major:minor
-	mountpoint string
-	fstype     string
-}
-
-// mounts parses /proc/self/mountinfo.
-func mounts(t testing.TB) []mountEntry {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatalf("read mountinfo: %v", err)
-	}
-	var out []mountEntry
-	for line := range strings.SplitSeq(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 10 {
-			continue
-		}
-		e := mountEntry{dev: f[2], mountpoint: unescapeMountinfo(f[4])}
-		for i, x := range f {
-			if x == "-" && i+1 < len(f) {
-				e.fstype = f[i+1]
-				break
-			}
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
-// unescapeMountinfo decodes the octal escapes (\040 etc.) of mountinfo paths.
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // mountCount returns how many mounts sit on mp according to /proc/self/mountinfo.
 func mountCount(t testing.TB, mp string) int {
 	t.Helper()
 	n := 0
-	for _, e := range mounts(t) {
-		if e.mountpoint == mp {
+	for _, e := range mount.Mounts() {
+		if e.Point == mp {
 			n++
 		}
 	}
 	return n
-}
-
-// abortConnection writes to the fusectl abort file of the FUSE mount on mp, if any.
-func abortConnection(mp string) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 || unescapeMountinfo(f[4]) != mp {
-			continue
-		}
-		if _, minor, ok := strings.Cut(f[2], ":"); ok {
-			dir := filepath.Join("/sys/fs/fuse/connections", minor)
-			if _, err := os.Stat(dir); err != nil {
-				// fusectl is not mounted on every machine.
-				_ = unix.Mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, "")
-			}
-			_ = os.WriteFile(filepath.Join(dir, "abort"), []byte("1"), 0)
-		}
-	}
 }
 
 // waitExit waits up to timeout for the daemon to exit by itself and returns its exit code;

@@ -42,14 +42,16 @@ func killPending(pid int) bool {
 	return false
 }
 
-// abortConnection aborts the FUSE connection mounted on mp through fusectl,
-// mounting fusectl first if needed (root only). Requests waiting on the
-// connection fail, which frees kernel threads blocked behind them.
-func abortConnection(mp string) error {
+// AbortConnection aborts the leasefs FUSE connection mounted on mp through
+// fusectl, mounting fusectl on /sys/fs/fuse/connections first if needed
+// (root only). Requests waiting on the connection fail, which frees kernel
+// threads blocked behind them; the mount then answers ENOTCONN. Errors: no
+// leasefs mount on mp; mount(2) and write errors.
+func AbortConnection(mp string) error {
 	var minor string
-	for _, m := range readMounts() {
-		if m.point == mp && m.fsType == fsType {
-			minor = m.minor
+	for _, m := range Mounts() {
+		if m.Point == mp && m.FSType == fsType {
+			minor = m.Minor
 		}
 	}
 	if minor == "" {
@@ -75,7 +77,7 @@ func abortDyingHolder(held *leasecore.HeldError, mp string, log *slog.Logger) bo
 	if p, ok := strings.CutPrefix(held.Holder.Client, "leasefs mount "); ok {
 		target = p
 	}
-	if err := abortConnection(target); err != nil {
+	if err := AbortConnection(target); err != nil {
 		log.Warn("cannot abort the killed daemon's connection", "pid", held.Holder.PID, "mountpoint", target, "err", err)
 		return false
 	}

@@ -128,8 +128,8 @@ func Run(ctx context.Context, opts Options) error {
 	if nested(state, mp) {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
 	}
-	if m, ok := containingMount(readMounts(), state); ok && m.fsType == fsType {
-		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.point)
+	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
+		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return fmt.Errorf("mount: create state directory: %w", err)
@@ -158,7 +158,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err := cleanStale(mp, log); err != nil {
 		return err
 	}
-	if m, ok := mountedAt(readMounts(), mp); ok && m.fsType == fsType {
+	if m, ok := mountedAt(Mounts(), mp); ok && m.FSType == fsType {
 		return fmt.Errorf("%w: %s (a live leasefs mount of another state directory; unmount it first)", ErrMounted, mp)
 	}
 	if st, err := os.Stat(mp); err != nil {

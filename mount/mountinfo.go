@@ -11,21 +11,23 @@ import (
 // fsType is the filesystem type leasefs mounts show in /proc/self/mountinfo.
 const fsType = "fuse.leasefs"
 
-// mountEntry is one line of /proc/self/mountinfo (proc(5)).
-type mountEntry struct {
-	point  string // mount point, unescaped
-	fsType string // e.g. "fuse.leasefs", "ext4"
-	minor  string // device minor number; names a FUSE connection in fusectl
+// MountInfo is one line of /proc/self/mountinfo (proc(5)).
+type MountInfo struct {
+	Point  string // mount point, unescaped
+	FSType string // e.g. "fuse.leasefs", "ext4"
+	Minor  string // device minor number; names a FUSE connection in fusectl
 }
 
-// readMounts parses /proc/self/mountinfo; nil when it cannot be read.
-func readMounts() []mountEntry {
+// Mounts parses /proc/self/mountinfo, in mount order (a later entry on the
+// same point is mounted on top); nil when it cannot be read. Safe for
+// concurrent use.
+func Mounts() []MountInfo {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	var out []mountEntry
+	var out []MountInfo
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -42,7 +44,7 @@ func readMounts() []mountEntry {
 			continue
 		}
 		_, minor, _ := strings.Cut(fields[2], ":")
-		out = append(out, mountEntry{point: unescapeOctal(fields[4]), fsType: fields[sep+1], minor: minor})
+		out = append(out, MountInfo{Point: unescapeOctal(fields[4]), FSType: fields[sep+1], Minor: minor})
 	}
 	return out
 }
@@ -64,11 +66,11 @@ func unescapeOctal(s string) string {
 }
 
 // mountedAt returns the topmost mount whose mount point is path.
-func mountedAt(mounts []mountEntry, path string) (mountEntry, bool) {
-	var found mountEntry
+func mountedAt(mounts []MountInfo, path string) (MountInfo, bool) {
+	var found MountInfo
 	ok := false
 	for _, m := range mounts {
-		if m.point == path {
+		if m.Point == path {
 			found, ok = m, true // later lines are mounted on top
 		}
 	}
@@ -77,13 +79,13 @@ func mountedAt(mounts []mountEntry, path string) (mountEntry, bool) {
 
 // containingMount returns the mount that holds path: the one with the
 // longest mount point that is path or one of its ancestors.
-func containingMount(mounts []mountEntry, path string) (mountEntry, bool) {
+func containingMount(mounts []MountInfo, path string) (MountInfo, bool) {
 	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
 		if m, ok := mountedAt(mounts, p); ok {
 			return m, true
 		}
 		if p == "/" || p == "." {
-			return mountEntry{}, false
+			return MountInfo{}, false
 		}
 	}
 }
