@@ -91,6 +91,7 @@ func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Att
 		return errno
 	}
 	n.fsys.fillLeaseAttr(l, &out.Attr)
+	out.Ino = n.StableAttr().Ino // a re-bound lease is seen through this inode
 	return 0
 }
 
