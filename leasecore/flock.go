@@ -204,7 +204,8 @@ func unregisterLock(path string) {
 // the file (mode 0600) if needed; its directory must exist. It does not wait:
 // when the lock is held it returns a *[HeldError] matching [ErrLockHeld],
 // naming this process (SameProcess) or the holder found in the metadata at
-// path+".json". On success it records holder as that metadata, written
+// path+".json". On success it removes temporary files of the metadata and
+// takeover request left by a crash, and records holder as that metadata, written
 // atomically and durably (temporary file, fsync, rename, directory fsync); a
 // zero holder.StartedAt is set to the current time. Other failures are
 // returned wrapped with the path; the lock is then not held.
@@ -256,6 +257,14 @@ func lockFile(path string, holder HolderInfo) (*FileLock, error) {
 			return nil, &HeldError{Path: path, Holder: other}
 		}
 		return nil, fmt.Errorf("leasecore: acquire lock %s: flock: %w", path, err)
+	}
+	// Temporary files of the metadata and of takeover requests left by a
+	// crash mid-write are garbage now.
+	for _, side := range []string{metadataPath(path), takeoverPath(path)} {
+		leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(side), "."+filepath.Base(side)+"*"))
+		for _, p := range leftovers {
+			_ = os.Remove(p)
+		}
 	}
 	// Stale metadata of a crashed holder must not outlive the acquisition, so
 	// a failure to replace it gives the lock up again.

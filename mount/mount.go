@@ -141,19 +141,8 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer lock.Release()
-	// A request addressed to an earlier holder is void now, and temporary
-	// files of the lock's metadata left by a crash mid-write are garbage.
+	// A request addressed to an earlier holder is void now.
 	_ = leasecore.ClearTakeoverRequest(lockPath)
-	if leftovers, err := filepath.Glob(filepath.Join(state, "."+DaemonLockName+"*")); err == nil {
-		for _, p := range leftovers {
-			_ = os.Remove(p)
-		}
-	}
-	if leftovers, err := filepath.Glob(filepath.Join(state, ".leasefs.takeover*")); err == nil {
-		for _, p := range leftovers {
-			_ = os.Remove(p)
-		}
-	}
 
 	if err := cleanStale(mp, log); err != nil {
 		return err
