@@ -127,53 +127,15 @@ func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) 
 	})
 }
 
-// leaseJSON is the JSON form of a lease in "ls --json" and "history --json":
-// the status document's keys (SPEC §4.1).
-type leaseJSON struct {
-	Resource         string     `json:"resource"`
-	LeaseID          string     `json:"lease_id"`
-	Status           string     `json:"status"`
-	Mode             string     `json:"mode"`
-	Generation       uint64     `json:"generation"`
-	HolderUID        uint32     `json:"holder_uid"`
-	HolderPID        int        `json:"holder_pid"`
-	Host             string     `json:"host,omitempty"`
-	StartedAt        time.Time  `json:"started_at"`
-	HeartbeatAt      time.Time  `json:"heartbeat_at"`
-	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
-	CompletedAt      *time.Time `json:"completed_at,omitempty"`
-	PID              int        `json:"pid,omitempty"`
-	ActorSessionID   string     `json:"actor_session_id,omitempty"`
-	TaskAssignmentID string     `json:"task_assignment_id,omitempty"`
-	Client           string     `json:"client,omitempty"`
-	TakeoverBy       string     `json:"takeover_requested_by,omitempty"`
-}
-
-func optTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
-}
-
-func toJSON(l leasecore.Lease) leaseJSON {
-	return leaseJSON{
-		Resource: l.Resource, LeaseID: l.ID, Status: string(l.Status), Mode: string(l.Mode),
-		Generation: l.Generation, HolderUID: l.HolderUID, HolderPID: l.HolderPID, Host: l.Host,
-		StartedAt: l.StartedAt, HeartbeatAt: l.HeartbeatAt, ExpiresAt: optTime(l.ExpiresAt),
-		CompletedAt: optTime(l.CompletedAt), PID: l.PID, ActorSessionID: l.ActorSessionID,
-		TaskAssignmentID: l.TaskAssignmentID, Client: l.Client, TakeoverBy: l.TakeoverRequestedBy,
-	}
-}
-
+// writeJSON prints leases as a JSON array; each lease carries exactly the
+// keys of its status document (see [leasecore.Lease.MarshalJSON]).
 func writeJSON(w io.Writer, leases []leasecore.Lease) error {
-	out := make([]leaseJSON, 0, len(leases))
-	for _, l := range leases {
-		out = append(out, toJSON(l))
+	if leases == nil {
+		leases = []leasecore.Lease{}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return enc.Encode(leases)
 }
 
 // age renders a duration for tables, rounded to seconds.

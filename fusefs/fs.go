@@ -349,18 +349,13 @@ func errnoName(e syscall.Errno) string {
 	return e.Error()
 }
 
-// statusDoc renders the status document of l with its waiter count.
-func (f *FS) statusDoc(l leasecore.Lease) []byte {
-	return leasecore.StatusDocument(l, f.waiters(l.Resource))
-}
-
 // fillLeaseAttr sets the attributes of lease l (SPEC §3 stat row).
 func (f *FS) fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
 	a.Ino = leaseIno(l)
 	a.Mode = syscall.S_IFREG | 0o644
 	a.Nlink = 1
 	a.Uid, a.Gid = l.HolderUID, l.HolderGID
-	a.Size = uint64(len(f.statusDoc(l)))
+	a.Size = uint64(len(leasecore.StatusDocument(l)))
 	a.Blksize = 4096
 	ctime := l.HeartbeatAt
 	for _, t := range []time.Time{l.TakeoverRequestedAt, l.CompletedAt} {

@@ -102,7 +102,7 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 			}
 		}
 		if h.snap == nil {
-			h.snap = h.fsys.statusDoc(l)
+			h.snap = leasecore.StatusDocument(l)
 		}
 	}
 	if off >= int64(len(h.snap)) {
@@ -146,7 +146,7 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 			status = leasecore.StatusAbandoned
 		}
 		var ended leasecore.Lease
-		if ended, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status); err == nil {
+		if ended, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status, cmd.ann); err == nil {
 			h.fsys.ended(ended)
 			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.pid)
 		}

@@ -137,7 +137,7 @@ func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	for _, f := range leasecore.StatusFields(l, f.waiters(l.Resource)) {
+	for _, f := range leasecore.StatusFields(l) {
 		if f.Key == key {
 			return f.Raw, true
 		}
@@ -173,7 +173,7 @@ func (n *leaseNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall
 		return 0, errno
 	}
 	var b strings.Builder
-	for _, f := range leasecore.StatusFields(l, n.fsys.waiters(l.Resource)) {
+	for _, f := range leasecore.StatusFields(l) {
 		b.WriteString(XattrPrefix + f.Key)
 		b.WriteByte(0)
 	}

@@ -276,6 +276,7 @@ func (f *FS) enqueue(resource string) *waiter {
 	f.mu.Lock()
 	f.queues[resource] = append(f.queues[resource], w)
 	f.mu.Unlock()
+	f.store.AddWaiters(resource, 1)
 	return w
 }
 
@@ -289,6 +290,7 @@ func (f *FS) leave(resource string, w *waiter) {
 		f.queues[resource] = q
 	}
 	f.mu.Unlock()
+	f.store.AddWaiters(resource, -1)
 	f.wake(resource)
 }
 
@@ -298,13 +300,6 @@ func (f *FS) isHead(resource string, w *waiter) bool {
 	defer f.mu.Unlock()
 	q := f.queues[resource]
 	return len(q) > 0 && q[0] == w
-}
-
-// waiters returns the number of blocked lock waiters on resource.
-func (f *FS) waiters(resource string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.queues[resource])
 }
 
 // wakeup returns a channel that is closed at the next [FS.wake] of resource.

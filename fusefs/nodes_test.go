@@ -69,7 +69,7 @@ func TestReadChunked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := leasecore.StatusDocument(l, 0); string(doc) != string(want) {
+	if want := leasecore.StatusDocument(l); string(doc) != string(want) {
 		t.Errorf("chunked status read =\n%s\nwant exactly one document\n%s", doc, want)
 	}
 }

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -31,27 +32,13 @@ type command struct {
 	reason string // takeover only
 }
 
-// tomlCommand is the TOML form of a write payload (SPEC §4.2).
-type tomlCommand struct {
-	Token            *string `toml:"token"`
-	Action           *string `toml:"action"`
-	Reason           *string `toml:"reason"`
-	ActorSessionID   *string `toml:"actor_session_id"`
-	TaskAssignmentID *string `toml:"task_assignment_id"`
-	AnchorState      *string `toml:"anchor_state"`
-	AnchorRoot       *string `toml:"anchor_root"`
-	Path             *string `toml:"path"`
-	Client           *string `toml:"client"`
-	PID              *int64  `toml:"pid"`
-}
-
 var errBadPayload = errors.New("fusefs: malformed payload")
 
-// commandKeys are the keys a TOML command may use (SPEC §4.2).
-var commandKeys = map[string]bool{
-	"token": true, "action": true, "reason": true, "actor_session_id": true,
-	"task_assignment_id": true, "anchor_state": true, "anchor_root": true,
-	"path": true, "client": true, "pid": true,
+// commandKey reports whether key may appear in a TOML command: token,
+// action, reason, or an annotation of the lease field table
+// (docs/PROTOCOL.md §4.2).
+func commandKey(key string) bool {
+	return key == "token" || key == "action" || key == "reason" || leasecore.IsAnnotationKey(key)
 }
 
 // checkCommandShape accepts only what a command can be before it reaches
@@ -71,7 +58,7 @@ func checkCommandShape(text string) error {
 		switch {
 		case !ok:
 			return fmt.Errorf("%w: a line is not key = value", errBadPayload)
-		case !commandKeys[key]:
+		case !commandKey(key):
 			return fmt.Errorf("%w: unknown key %.40q", errBadPayload, key)
 		case strings.HasPrefix(value, `"""`) || strings.HasPrefix(value, "'''") || strings.HasPrefix(value, "[") || strings.HasPrefix(value, "{"):
 			return fmt.Errorf("%w: key %s: only one-line strings and integers", errBadPayload, key)
@@ -101,55 +88,66 @@ func parsePayload(p []byte) (command, error) {
 	if err := checkCommandShape(text); err != nil {
 		return command{}, err
 	}
-	var tc tomlCommand
-	md, err := toml.Decode(text, &tc)
-	if err != nil {
+	doc := make(map[string]any)
+	if _, err := toml.Decode(text, &doc); err != nil {
 		return command{}, fmt.Errorf("%w: neither a token nor a TOML command", errBadPayload)
 	}
-	if und := md.Undecoded(); len(und) > 0 {
-		return command{}, fmt.Errorf("%w: unknown key %q", errBadPayload, und[0].String())
-	}
 	cmd := command{action: actionRenew}
-	if tc.Action != nil {
-		cmd.action = *tc.Action
+	for key, v := range doc {
+		switch key {
+		case "token", "action", "reason":
+			s, ok := v.(string)
+			if !ok {
+				return command{}, fmt.Errorf("%w: %s must be a string", errBadPayload, key)
+			}
+			switch key {
+			case "token":
+				cmd.token = s
+			case "action":
+				cmd.action = s
+			default:
+				cmd.reason = s
+			}
+			continue
+		}
+		if cmd.ann == nil {
+			cmd.ann = make(leasecore.Annotations)
+		}
+		switch v := v.(type) {
+		case string:
+			if leasecore.IsIntegerAnnotation(key) {
+				return command{}, fmt.Errorf("%w: %s must be an integer", errBadPayload, key)
+			}
+			cmd.ann[key] = v
+		case int64:
+			if !leasecore.IsIntegerAnnotation(key) {
+				return command{}, fmt.Errorf("%w: %s must be a string", errBadPayload, key)
+			}
+			// pid = 0 clears a recorded pid.
+			if v < 0 || v > 1<<22 {
+				return command{}, fmt.Errorf("%w: %s %d out of range", errBadPayload, key, v)
+			}
+			cmd.ann[key] = strconv.FormatInt(v, 10)
+		default:
+			return command{}, fmt.Errorf("%w: %s has a value of the wrong type", errBadPayload, key)
+		}
 	}
+	_, hasToken := doc["token"]
+	_, hasReason := doc["reason"]
 	switch cmd.action {
 	case actionRenew, actionComplete, actionAbandon:
-		if tc.Token == nil || *tc.Token == "" {
+		if cmd.token == "" {
 			return command{}, fmt.Errorf("%w: action %q needs a token", errBadPayload, cmd.action)
 		}
-		if tc.Reason != nil {
+		if hasReason {
 			return command{}, fmt.Errorf("%w: reason is only for takeover", errBadPayload)
 		}
 	case actionTakeover:
-		if tc.Reason != nil {
-			cmd.reason = *tc.Reason
-		}
-		if tc.Token != nil || tc.ActorSessionID != nil || tc.TaskAssignmentID != nil || tc.AnchorState != nil ||
-			tc.AnchorRoot != nil || tc.Path != nil || tc.Client != nil || tc.PID != nil {
+		if hasToken || len(cmd.ann) > 0 {
 			return command{}, fmt.Errorf("%w: takeover takes only a reason", errBadPayload)
 		}
 	default:
-		return command{}, fmt.Errorf("%w: unknown action %q", errBadPayload, cmd.action)
-	}
-	if tc.Token != nil {
-		cmd.token = *tc.Token
-	}
-	cmd.ann = leasecore.Annotations{
-		ActorSessionID:   tc.ActorSessionID,
-		TaskAssignmentID: tc.TaskAssignmentID,
-		AnchorState:      tc.AnchorState,
-		AnchorRoot:       tc.AnchorRoot,
-		Path:             tc.Path,
-		Client:           tc.Client,
-	}
-	if tc.PID != nil {
-		// pid = 0 clears a recorded pid.
-		if *tc.PID < 0 || *tc.PID > 1<<22 {
-			return command{}, fmt.Errorf("%w: pid %d out of range", errBadPayload, *tc.PID)
-		}
-		pid := int(*tc.PID)
-		cmd.ann.PID = &pid
+		return command{}, fmt.Errorf("%w: unknown action %.40q", errBadPayload, cmd.action)
 	}
 	return cmd, nil
 }

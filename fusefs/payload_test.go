@@ -2,6 +2,8 @@ package fusefs
 
 import (
 	"errors"
+	"maps"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -11,32 +13,7 @@ import (
 
 const testToken = "hwl_abcdefghijklmnopqrstuvwxyz234567abcdefg"
 
-func strp(s string) *string { return &s }
-func intp(i int) *int       { return &i }
-
-func eqStrPtr(a, b *string) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-func eqIntPtr(a, b *int) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-func eqAnnotations(a, b leasecore.Annotations) bool {
-	return eqStrPtr(a.ActorSessionID, b.ActorSessionID) &&
-		eqStrPtr(a.TaskAssignmentID, b.TaskAssignmentID) &&
-		eqStrPtr(a.AnchorState, b.AnchorState) &&
-		eqStrPtr(a.AnchorRoot, b.AnchorRoot) &&
-		eqStrPtr(a.Path, b.Path) &&
-		eqStrPtr(a.Client, b.Client) &&
-		eqIntPtr(a.PID, b.PID)
-}
+func eqAnnotations(a, b leasecore.Annotations) bool { return maps.Equal(a, b) }
 
 func TestParsePayload(t *testing.T) {
 	tests := []struct {
@@ -57,7 +34,7 @@ func TestParsePayload(t *testing.T) {
 		{"toml abandon", "action = \"abandon\"\ntoken = \"hwl_x\"", command{action: actionAbandon, token: "hwl_x"}},
 		{"toml CRLF", "token = \"hwl_x\"\r\naction = \"complete\"\r\n", command{action: actionComplete, token: "hwl_x"}},
 		{"toml takeover", `action = "takeover"`, command{action: actionTakeover}},
-		{"toml pid zero clears", "token = \"hwl_x\"\npid = 0\n", command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{PID: intp(0)}}},
+		{"toml pid zero clears", "token = \"hwl_x\"\npid = 0\n", command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{"pid": "0"}}},
 		{
 			"toml takeover reason", "action = \"takeover\"\nreason = \"ci job 7 is stuck\"\n",
 			command{action: actionTakeover, reason: "ci job 7 is stuck"},
@@ -67,20 +44,20 @@ func TestParsePayload(t *testing.T) {
 			"token = \"hwl_x\"\nclient = \"bash\"\nactor_session_id = \"s-1\"\ntask_assignment_id = \"t-2\"\n" +
 				"anchor_state = \"dirty\"\nanchor_root = \"/src\"\npath = \"a/b\"\npid = 4242\n",
 			command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{
-				Client:           strp("bash"),
-				ActorSessionID:   strp("s-1"),
-				TaskAssignmentID: strp("t-2"),
-				AnchorState:      strp("dirty"),
-				AnchorRoot:       strp("/src"),
-				Path:             strp("a/b"),
-				PID:              intp(4242),
+				"client":             "bash",
+				"actor_session_id":   "s-1",
+				"task_assignment_id": "t-2",
+				"anchor_state":       "dirty",
+				"anchor_root":        "/src",
+				"path":               "a/b",
+				"pid":                "4242",
 			}},
 		},
 		{
 			"toml empty annotation clears", "token = \"hwl_x\"\nclient = \"\"\n",
-			command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{Client: strp("")}},
+			command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{"client": ""}},
 		},
-		{"toml pid max", "token = \"hwl_x\"\npid = 4194304\n", command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{PID: intp(1 << 22)}}},
+		{"toml pid max", "token = \"hwl_x\"\npid = 4194304\n", command{action: actionRenew, token: "hwl_x", ann: leasecore.Annotations{"pid": "4194304"}}},
 		{"toml comment", "# renew\ntoken = \"hwl_x\" # the token\n", command{action: actionRenew, token: "hwl_x"}},
 	}
 	for _, tt := range tests {
@@ -210,7 +187,7 @@ func FuzzParsePayload(f *testing.F) {
 			if !errors.Is(err, errBadPayload) {
 				t.Fatalf("parsePayload(%q): error %v does not wrap errBadPayload", p, err)
 			}
-			if cmd != (command{}) {
+			if cmd.action != "" || cmd.token != "" || cmd.reason != "" || cmd.ann != nil {
 				t.Fatalf("parsePayload(%q): error %v with a non-zero command %+v", p, err, cmd)
 			}
 			return
@@ -230,8 +207,15 @@ func FuzzParsePayload(f *testing.F) {
 		default:
 			t.Fatalf("parsePayload(%q): unknown action %q accepted", p, cmd.action)
 		}
-		if pid := cmd.ann.PID; pid != nil && (*pid < 0 || *pid > 1<<22) {
-			t.Fatalf("parsePayload(%q): pid %d out of range accepted", p, *pid)
+		if v, ok := cmd.ann["pid"]; ok {
+			if pid, err := strconv.Atoi(v); err != nil || pid < 0 || pid > 1<<22 {
+				t.Fatalf("parsePayload(%q): pid %q out of range accepted", p, v)
+			}
+		}
+		for key := range cmd.ann {
+			if !leasecore.IsAnnotationKey(key) {
+				t.Fatalf("parsePayload(%q): key %q accepted as an annotation", p, key)
+			}
 		}
 	})
 }

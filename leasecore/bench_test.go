@@ -26,10 +26,7 @@ func BenchmarkReserveAmong(b *testing.B) {
 					Generation: uint64(i + 1), StartedAt: testStart, HeartbeatAt: testStart,
 					CompletedAt: testStart.Add(time.Duration(i) * time.Millisecond),
 				}
-				data, err := encodeRecord(toRecord(&l, HashToken(NewToken())))
-				if err != nil {
-					b.Fatal(err)
-				}
+				data := encodeRecord(&l, HashToken(NewToken()))
 				if err := os.WriteFile(filepath.Join(dir, l.ID+".toml"), data, 0o600); err != nil {
 					b.Fatal(err)
 				}

@@ -2,6 +2,7 @@ package leasecore
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -36,23 +37,20 @@ pid = 42
 	f.Add([]byte("lease_id = \"lease-a\"\npid = -1\n"))
 	f.Add([]byte{0xff, 0xfe, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := decodeRecord(data)
+		l, hash, err := decodeRecord(data)
 		if err != nil {
 			return
 		}
-		if ValidateLeaseID(r.LeaseID) != nil || ValidateResource(r.Thread) != nil {
-			t.Fatalf("accepted a record with a bad id or resource: %+v", r)
+		if ValidateLeaseID(l.ID) != nil || ValidateResource(l.Resource) != nil {
+			t.Fatalf("accepted a record with a bad id or resource: %+v", l)
 		}
-		l := fromRecord(r)
-		out, err := encodeRecord(toRecord(&l, r.TokenHash))
+		out := encodeRecord(&l, hash)
+		again, hash2, err := decodeRecord(out)
 		if err != nil {
-			if utf8.ValidString(r.TokenHash) {
-				t.Fatalf("encode of an accepted record failed: %v", err)
-			}
-			return
-		}
-		if _, err := decodeRecord(out); err != nil {
 			t.Fatalf("a record written from an accepted one does not load: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(again, l) || hash2 != hash {
+			t.Fatalf("round trip changed the record:\n got %+v\nwant %+v", again, l)
 		}
 	})
 }

@@ -36,58 +36,63 @@ const DefaultHistoryKeep = 10000
 // DefaultMaxLeasesPerUID is the per-uid limit on live leases (SPEC §7).
 const DefaultMaxLeasesPerUID = 10000
 
-// Annotations are the optional holder-supplied fields of a lease (SPEC §4.2).
-// A nil pointer leaves the field unchanged on renew; an empty string clears it.
-type Annotations struct {
-	ActorSessionID   *string
-	TaskAssignmentID *string
-	AnchorState      *string
-	AnchorRoot       *string
-	Path             *string
-	Client           *string
-	// PID names a long-lived holder process for early death detection
-	// (SPEC §5 rule 2). It must be running when presented.
-	PID *int
-}
+// Annotations are holder-supplied fields of a lease, keyed by field name:
+// the fields whose `lease` tag says "command" (actor_session_id,
+// task_assignment_id, anchor_state, anchor_root, path, client, pid;
+// docs/PROTOCOL.md §4.2). String values are at most 1 KiB of UTF-8 without
+// NUL; an empty string clears the field. "pid" is a decimal process id that
+// must be running, naming a long-lived holder process for early death
+// detection (§5 rule 2); "0" clears it. A key that is absent leaves the
+// field as it is.
+type Annotations map[string]string
 
 // Lease is a copy of one lease record. Values are snapshots: changing one
 // changes nothing in the store. The token hash is deliberately absent.
+//
+// The struct tags are the one definition of the lease's fields for every
+// view of it (status document, xattrs, records, JSON, commands): see
+// fields.go. Fields are in status document order (docs/PROTOCOL.md §4.1).
 type Lease struct {
-	ID         string // "lease-…"
-	Resource   string // the lease file's path relative to the mount root
-	Status     Status
-	Mode       Mode
-	Generation uint64 // fencing number, strictly increasing per store (SPEC §1)
+	Resource   string `lease:"resource,record=thread"` // the lease file's path relative to the mount root
+	ID         string `lease:"lease_id"`               // "lease-…"
+	Status     Status `lease:"status"`
+	Mode       Mode   `lease:"mode"`
+	Generation uint64 `lease:"generation"` // fencing number, strictly increasing per store (§1)
 
-	HolderUID uint32
-	HolderGID uint32
-	HolderPID int    // the process that reserved (informational)
-	Host      string // host name of the reserving daemon
+	HolderUID uint32 `lease:"holder_uid"`
+	HolderGID uint32 `lease:"holder_gid,nostatus"`
+	HolderPID int    `lease:"holder_pid"` // the process that reserved (informational)
+	Host      string `lease:"host"`       // host name of the reserving daemon
 
-	StartedAt   time.Time
-	HeartbeatAt time.Time
-	// ExpiresAt is HeartbeatAt plus the lease duration for token leases; zero
-	// for handle leases, which never expire by time.
-	ExpiresAt   time.Time
-	CompletedAt time.Time // zero while active
+	StartedAt   time.Time `lease:"started_at"`
+	HeartbeatAt time.Time `lease:"heartbeat_at"`
+	// ExpiresAt is HeartbeatAt plus the lease duration for active token
+	// leases; zero for handle leases, which never expire by time, and for
+	// ended ones. Derived by the store, never recorded.
+	ExpiresAt   time.Time `lease:"expires_at,optional,norecord"`
+	CompletedAt time.Time `lease:"completed_at,optional"` // zero while active
 
-	// PID, PIDStartTicks and BootID are the liveness facts of SPEC §5: a
+	// PID, PIDStartTicks and BootID are the liveness facts of §5: a
 	// recorded holder process (with its start time in clock ticks since
 	// boot, to detect pid reuse) and the boot it lives in.
-	PID           int
-	PIDStartTicks uint64
-	BootID        string
+	PID           int    `lease:"pid,optional,command"`
+	PIDStartTicks uint64 `lease:"pid_start_ticks,optional,nostatus"`
+	BootID        string `lease:"boot_id,optional"`
 
-	ActorSessionID   string
-	TaskAssignmentID string
-	AnchorState      string
-	AnchorRoot       string
-	Path             string
-	Client           string
+	ActorSessionID   string `lease:"actor_session_id,optional,command"`
+	TaskAssignmentID string `lease:"task_assignment_id,optional,command"`
+	AnchorState      string `lease:"anchor_state,optional,command"`
+	AnchorRoot       string `lease:"anchor_root,optional,command"`
+	Path             string `lease:"path,optional,command"`
+	Client           string `lease:"client,optional,command"`
 
-	TakeoverRequestedBy string
-	TakeoverRequestedAt time.Time
-	TakeoverReason      string
+	TakeoverRequestedBy string    `lease:"takeover_requested_by,optional"`
+	TakeoverRequestedAt time.Time `lease:"takeover_requested_at,optional"`
+	TakeoverReason      string    `lease:"takeover_reason,optional"`
+
+	// Waiters is the number of blocked flock waiters on the resource of a
+	// live lease (§6), kept by the daemon; never recorded.
+	Waiters int `lease:"waiters,optional,norecord"`
 }
 
 // Live reports whether the lease's status is active. Liveness rules beyond
@@ -101,7 +106,8 @@ type Draft struct {
 	HolderUID uint32
 	HolderGID uint32
 	HolderPID int
-	Annotations
+	// Annotations are applied to the new lease; see [Annotations].
+	Annotations Annotations
 }
 
 // Grant is a reserved lease and its bearer token. The token exists only in
@@ -148,9 +154,9 @@ type Store interface {
 	// and applies ann. Errors: ErrNotFound, ErrInactive (ended or dead),
 	// ErrTokenMismatch, ErrInvalidArgument, *PersistError.
 	Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error)
-	// Release authenticates token and ends lease id with status (complete or
-	// abandoned). Errors: as Renew.
-	Release(ctx context.Context, id, token string, status Status) (Lease, error)
+	// Release authenticates token, applies ann and ends lease id with status
+	// (complete or abandoned), in one durable change. Errors: as Renew.
+	Release(ctx context.Context, id, token string, status Status, ann Annotations) (Lease, error)
 	// End ends lease id with status without a token: the caller has
 	// authorised the holder by other means (unlink by the holder uid, a
 	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
@@ -183,6 +189,9 @@ type Store interface {
 	// Rmdir removes an empty namespace. Errors: ErrNotFound, ErrNotEmpty,
 	// *PersistError.
 	Rmdir(ctx context.Context, path string) error
+	// AddWaiters adds delta (negative to remove) to the number of blocked
+	// flock waiters on resource, shown as Waiters of its live lease.
+	AddWaiters(resource string, delta int)
 	// Reap ends every dead lease as abandoned and returns them.
 	Reap(ctx context.Context) ([]Lease, error)
 	// LeaseDuration returns the heartbeat TTL of token leases.

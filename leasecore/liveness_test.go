@@ -116,7 +116,7 @@ func TestHolderPIDDeathEndsLease(t *testing.T) {
 	ctx := context.Background()
 	child := startSleeper(t)
 	pid := child.Process.Pid
-	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &pid}})
+	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"pid": strconv.Itoa(pid)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,12 +150,12 @@ func TestHolderPIDAnnotationOnRenew(t *testing.T) {
 	g := reserve(t, s, "x")
 	child := startSleeper(t)
 	pid := child.Process.Pid
-	l, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &pid})
+	l, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{"pid": strconv.Itoa(pid)})
 	if err != nil || l.PID != pid {
 		t.Fatalf("Renew with pid = %+v, %v", l, err)
 	}
 	zero := 0
-	l, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &zero})
+	l, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{"pid": strconv.Itoa(zero)})
 	if err != nil || l.PID != 0 || l.PIDStartTicks != 0 {
 		t.Fatalf("Renew with pid 0 did not clear it: %+v, %v", l, err)
 	}
@@ -171,12 +171,12 @@ func TestNotRunningPIDRefused(t *testing.T) {
 	s, _, _ := newStore(t, Options{})
 	ctx := context.Background()
 	for _, pid := range []int{exitedPID(t), -1, 1 << 30} {
-		_, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &pid}})
+		_, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"pid": strconv.Itoa(pid)}})
 		wantErr(t, "Reserve with pid "+strconv.Itoa(pid), err, ErrInvalidArgument)
 	}
 	g := reserve(t, s, "x")
 	bad := exitedPID(t)
-	_, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{PID: &bad})
+	_, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{"pid": strconv.Itoa(bad)})
 	wantErr(t, "Renew with a dead pid", err, ErrInvalidArgument)
 	if l, err := s.Live(ctx, "x"); err != nil || l.PID != 0 {
 		t.Fatalf("refused renew changed the lease: %+v, %v", l, err)
@@ -184,12 +184,13 @@ func TestNotRunningPIDRefused(t *testing.T) {
 }
 
 // rewriteRecord decodes the record of id, applies mut and writes it back.
-func rewriteRecord(t *testing.T, state, id string, mut func(*record)) {
+func rewriteRecord(t *testing.T, state, id string, mut func(*rec)) {
 	t.Helper()
-	r, err := decodeRecord(readFile(t, recordPath(state, id)))
+	l, hash, err := decodeRecord(readFile(t, recordPath(state, id)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	r := &rec{Lease: l, hash: hash}
 	mut(r)
 	writeRecordFile(t, state, r)
 }
@@ -207,12 +208,12 @@ func TestBootIDMismatchEndsLease(t *testing.T) {
 			g := reserve(t, s, "x")
 			other := reserve(t, s, "y")
 			s.Close()
-			rewriteRecord(t, state, g.Lease.ID, func(r *record) {
+			rewriteRecord(t, state, g.Lease.ID, func(r *rec) {
 				r.BootID = "other-boot"
 				if withPID {
 					// A pid from another boot says nothing about this boot's
 					// processes; our own pid is running, and must not save it.
-					r.PID = int64(os.Getpid())
+					r.PID = os.Getpid()
 				}
 			})
 			s2 := openStore(t, state, Options{Clock: clock})
@@ -234,16 +235,16 @@ func TestPIDReuseEndsLease(t *testing.T) {
 	s, clock, state := newStore(t, Options{})
 	ctx := context.Background()
 	self := os.Getpid()
-	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{PID: &self}})
+	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"pid": strconv.Itoa(self)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reused, err := s.Reserve(ctx, Draft{Resource: "reused", Annotations: Annotations{PID: &self}})
+	reused, err := s.Reserve(ctx, Draft{Resource: "reused", Annotations: Annotations{"pid": strconv.Itoa(self)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	rewriteRecord(t, state, reused.Lease.ID, func(r *record) { r.PIDStartTicks++ })
+	rewriteRecord(t, state, reused.Lease.ID, func(r *rec) { r.PIDStartTicks++ })
 	s2 := openStore(t, state, Options{Clock: clock})
 	if _, err := s2.Live(ctx, "x"); err != nil {
 		t.Fatalf("lease of a running pid with its start time: %v", err)
@@ -253,7 +254,7 @@ func TestPIDReuseEndsLease(t *testing.T) {
 	s2.Close()
 
 	// A reference record has a pid but no start time: existence decides.
-	rewriteRecord(t, state, g.Lease.ID, func(r *record) { r.PIDStartTicks = 0 })
+	rewriteRecord(t, state, g.Lease.ID, func(r *rec) { r.PIDStartTicks = 0 })
 	s3 := openStore(t, state, Options{Clock: clock})
 	if _, err := s3.Live(ctx, "x"); err != nil {
 		t.Fatalf("pid without start time, process running: %v", err)

@@ -29,6 +29,33 @@ type namespaceRecord struct {
 	CreatedAt recordTime `toml:"created_at"`
 }
 
+// recordTime is a time in the namespaces file: written as an RFC 3339 UTC
+// string with nanoseconds, like the times of lease records; read from such
+// a string or from a native TOML datetime.
+type recordTime struct{ time.Time }
+
+// MarshalText writes the time as an RFC 3339 UTC string.
+func (t recordTime) MarshalText() ([]byte, error) {
+	return []byte(t.UTC().Format(time.RFC3339Nano)), nil
+}
+
+// UnmarshalTOML accepts a string or a native TOML datetime.
+func (t *recordTime) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case string:
+		parsed, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return fmt.Errorf("bad time %q: %w", v, err)
+		}
+		t.Time = parsed
+	case time.Time:
+		t.Time = v
+	default:
+		return fmt.Errorf("bad time of type %T", v)
+	}
+	return nil
+}
+
 func removeFile(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return &PersistError{Op: "remove", Path: path, Err: err}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,30 +21,31 @@ const testToken = "hwl_testtokentesttokentesttokentesttokentes"
 
 // testRecord returns an active token-lease record on resource with a
 // heartbeat at testStart, as leasecore writes it.
-func testRecord(resource string, generation uint64) *record {
-	return &record{
-		LeaseID:     NewLeaseID(),
-		Thread:      resource,
-		TokenHash:   HashToken(testToken),
+func testRecord(resource string, generation uint64) *rec {
+	return &rec{Lease: Lease{
+		ID:          NewLeaseID(),
+		Resource:    resource,
 		BootID:      BootID(),
-		HeartbeatAt: recordTime{testStart},
-		StartedAt:   recordTime{testStart},
-		Status:      string(StatusActive),
+		HeartbeatAt: testStart,
+		StartedAt:   testStart,
+		Status:      StatusActive,
 		Generation:  generation,
-		Mode:        string(ModeToken),
+		Mode:        ModeToken,
 		HolderUID:   1000,
 		HolderGID:   100,
-	}
+	}, hash: HashToken(testToken)}
+}
+
+// rec is a record as tests write it: a lease and its token hash.
+type rec struct {
+	Lease
+	hash string
 }
 
 // writeRecordFile encodes r into the leases directory of state.
-func writeRecordFile(t *testing.T, state string, r *record) string {
+func writeRecordFile(t *testing.T, state string, r *rec) string {
 	t.Helper()
-	data, err := encodeRecord(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return writeRaw(t, state, r.LeaseID+".toml", string(data))
+	return writeRaw(t, state, r.ID+".toml", string(encodeRecord(&r.Lease, r.hash)))
 }
 
 // writeRaw writes content to name in the leases directory of state.
@@ -166,8 +168,8 @@ func TestRecordHasReferenceFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	g, err := s.Reserve(ctx, Draft{Resource: "feature/x", HolderUID: 1000, Annotations: Annotations{
-		ActorSessionID: ptr("agent-one"), TaskAssignmentID: ptr("task-7"), AnchorState: ptr("hd-state"),
-		AnchorRoot: ptr("root"), Path: ptr("/src/x"), Client: ptr("test"), PID: &pid,
+		"actor_session_id": "agent-one", "task_assignment_id": "task-7", "anchor_state": "hd-state",
+		"anchor_root": "root", "path": "/src/x", "client": "test", "pid": strconv.Itoa(pid),
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -219,31 +221,27 @@ func TestRecordRoundTrip(t *testing.T) {
 		Client: "c\x01", TakeoverRequestedBy: "uid 1", TakeoverRequestedAt: testStart.Add(2 * time.Second),
 		TakeoverReason: "why",
 	}
-	data, err := encodeRecord(toRecord(&l, "hash"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := decodeRecord(data)
+	data := encodeRecord(&l, "hash")
+	got, hash, err := decodeRecord(data)
 	if err != nil {
 		t.Fatalf("decodeRecord of an encoded record: %v\n%s", err, data)
 	}
-	if r.TokenHash != "hash" {
-		t.Errorf("token hash = %q", r.TokenHash)
+	if hash != "hash" {
+		t.Errorf("token hash = %q", hash)
 	}
-	if got := fromRecord(r); !reflect.DeepEqual(got, l) {
+	if !reflect.DeepEqual(got, l) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", got, l)
 	}
 }
 
 func TestCorruptRecordsAreSkipped(t *testing.T) {
 	t.Parallel()
-	valid := func(mut func(*record)) func(string) string {
+	valid := func(mut func(*rec)) func(string) string {
 		return func(id string) string {
 			r := testRecord("bad", 1)
-			r.LeaseID = id
+			r.ID = id
 			mut(r)
-			data, _ := encodeRecord(r)
-			return string(data)
+			return string(encodeRecord(&r.Lease, r.hash))
 		}
 	}
 	tests := []struct {
@@ -252,25 +250,30 @@ func TestCorruptRecordsAreSkipped(t *testing.T) {
 	}{
 		{"garbage", func(string) string { return "not toml {{{ \x00\xff" }},
 		{"empty", func(string) string { return "" }},
-		{"truncated", func(id string) string { s := valid(func(*record) {})(id); return s[:len(s)/2] }},
-		{"lease_id differs from file name", valid(func(r *record) { r.LeaseID = NewLeaseID() })},
-		{"invalid lease_id", valid(func(r *record) { r.LeaseID = "lease-../../x" })},
-		{"status weird", valid(func(r *record) { r.Status = "weird" })},
-		{"mode weird", valid(func(r *record) { r.Mode = "weird" })},
-		{"negative pid", valid(func(r *record) { r.PID = -1 })},
-		{"huge pid", valid(func(r *record) { r.PID = 1 << 40 })},
-		{"negative holder_uid", valid(func(r *record) { r.HolderUID = -5 })},
-		{"thread with dotdot", valid(func(r *record) { r.Thread = "../etc" })},
-		{"empty thread", valid(func(r *record) { r.Thread = "" })},
-		{"missing heartbeat", valid(func(r *record) { r.HeartbeatAt = recordTime{} })},
+		{"truncated", func(id string) string { s := valid(func(*rec) {})(id); return s[:len(s)/2] }},
+		{"lease_id differs from file name", valid(func(r *rec) { r.ID = NewLeaseID() })},
+		{"invalid lease_id", valid(func(r *rec) { r.ID = "lease-../../x" })},
+		{"status weird", valid(func(r *rec) { r.Status = "weird" })},
+		{"mode weird", valid(func(r *rec) { r.Mode = "weird" })},
+		{"negative pid", valid(func(r *rec) { r.PID = -1 })},
+		{"huge pid", valid(func(r *rec) { r.PID = 1 << 40 })},
+		{"negative holder_uid", func(id string) string {
+			return strings.Replace(valid(func(*rec) {})(id), "holder_uid = 1000", "holder_uid = -5", 1)
+		}},
+		{"holder_uid over 32 bits", func(id string) string {
+			return strings.Replace(valid(func(*rec) {})(id), "holder_uid = 1000", "holder_uid = 4294967296", 1)
+		}},
+		{"thread with dotdot", valid(func(r *rec) { r.Resource = "../etc" })},
+		{"empty thread", valid(func(r *rec) { r.Resource = "" })},
+		{"missing heartbeat", valid(func(r *rec) { r.HeartbeatAt = time.Time{} })},
 		{"time of the wrong type", func(id string) string {
-			return strings.Replace(valid(func(*record) {})(id), "heartbeat_at = \"", "heartbeat_at = 12\nx = \"", 1)
+			return strings.Replace(valid(func(*rec) {})(id), "heartbeat_at = \"", "heartbeat_at = 12\nx = \"", 1)
 		}},
 		{"bad time string", func(id string) string {
-			return strings.Replace(valid(func(*record) {})(id), "heartbeat_at = \"2026", "heartbeat_at = \"yesterday", 1)
+			return strings.Replace(valid(func(*rec) {})(id), "heartbeat_at = \"2026", "heartbeat_at = \"yesterday", 1)
 		}},
 		{"over 1 MiB", func(id string) string {
-			return valid(func(*record) {})(id) + "# " + strings.Repeat("x", maxRecordBytes) + "\n"
+			return valid(func(*rec) {})(id) + "# " + strings.Repeat("x", maxRecordBytes) + "\n"
 		}},
 	}
 	for _, tc := range tests {
@@ -284,7 +287,7 @@ func TestCorruptRecordsAreSkipped(t *testing.T) {
 			s := openStore(t, state, Options{Clock: NewFakeClock(testStart)})
 			ctx := context.Background()
 			list, err := s.List(ctx)
-			if err != nil || len(list) != 1 || list[0].ID != good.LeaseID {
+			if err != nil || len(list) != 1 || list[0].ID != good.ID {
 				t.Fatalf("List = %+v, %v; want only the good record", list, err)
 			}
 			if _, err := s.Load(ctx, badID); !errors.Is(err, ErrNotFound) {
@@ -344,7 +347,7 @@ func TestLeftoverTempFilesRemovedAtOpen(t *testing.T) {
 	good := testRecord("good", 1)
 	writeRecordFile(t, state, good)
 	writeRaw(t, state, storeLockName, "")
-	leftover := writeRaw(t, state, "."+good.LeaseID+".toml123456789", "half a rec")
+	leftover := writeRaw(t, state, "."+good.ID+".toml123456789", "half a rec")
 	other := writeRaw(t, state, ".lease-"+strings.Repeat("b", 39)+".toml42", "")
 	clock := NewFakeClock(testStart)
 
@@ -375,12 +378,12 @@ func TestInvalidUTF8AnnotationDoesNotLoseLease(t *testing.T) {
 		do   func(s *FileStore, ctx context.Context) (Lease, error)
 	}{
 		{"reserve annotation", func(s *FileStore, ctx context.Context) (Lease, error) {
-			g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{ActorSessionID: ptr("agent\xff")}})
+			g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"actor_session_id": "agent\xff"}})
 			return g.Lease, err
 		}},
 		{"renew annotation", func(s *FileStore, ctx context.Context) (Lease, error) {
 			g := reserve(t, s, "x")
-			return s.Renew(ctx, g.Lease.ID, g.Token, Annotations{Client: ptr("c\xc3")})
+			return s.Renew(ctx, g.Lease.ID, g.Token, Annotations{"client": "c\xc3"})
 		}},
 		{"takeover reason", func(s *FileStore, ctx context.Context) (Lease, error) {
 			g := reserve(t, s, "x")

@@ -48,7 +48,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newStore(t, Options{})
 	g := reserve(t, s, "feature-a")
-	doc := StatusDocument(g.Lease, 0)
+	doc := StatusDocument(g.Lease)
 	keys := docKeys(t, doc)
 	// boot_id is recorded at reserve (SPEC §5 rule 3) and is optional.
 	want := slices.Clone(requiredKeys)
@@ -77,7 +77,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 			t.Errorf("%s = %#v, want native datetime %v", k, m[k], want)
 		}
 	}
-	for _, f := range StatusFields(g.Lease, 0) {
+	for _, f := range StatusFields(g.Lease) {
 		if strings.HasSuffix(f.Key, "_at") && (!statusTimePattern.MatchString(f.TOML) || f.Raw != f.TOML) {
 			t.Errorf("%s rendered %q / raw %q, want millisecond UTC datetime", f.Key, f.TOML, f.Raw)
 		}
@@ -92,15 +92,15 @@ func TestStatusDocumentOptionalKeys(t *testing.T) {
 		StartedAt: testStart, HeartbeatAt: testStart, ExpiresAt: testStart.Add(time.Minute),
 		CompletedAt: testStart.Add(time.Second), PID: 77, BootID: "boot",
 		ActorSessionID: "as", TaskAssignmentID: "ta", AnchorState: "st", AnchorRoot: "ro", Path: "/p", Client: "cl",
-		TakeoverRequestedBy: "uid 2", TakeoverRequestedAt: testStart.Add(2 * time.Second), TakeoverReason: "why",
+		TakeoverRequestedBy: "uid 2", TakeoverRequestedAt: testStart.Add(2 * time.Second), TakeoverReason: "why", Waiters: 3,
 	}
 	wantFull := append(slices.Clone(requiredKeys), "completed_at", "pid", "boot_id", "actor_session_id",
 		"task_assignment_id", "anchor_state", "anchor_root", "path", "client", "takeover_requested_by",
 		"takeover_requested_at", "takeover_reason", "waiters")
-	if keys := docKeys(t, StatusDocument(full, 3)); !slices.Equal(keys, wantFull) {
+	if keys := docKeys(t, StatusDocument(full)); !slices.Equal(keys, wantFull) {
 		t.Errorf("full document keys =\n%v\nwant\n%v", keys, wantFull)
 	}
-	m := parseDoc(t, StatusDocument(full, 3))
+	m := parseDoc(t, StatusDocument(full))
 	if m["waiters"] != int64(3) || m["pid"] != int64(77) || m["takeover_reason"] != "why" {
 		t.Errorf("optional values = %v", m)
 	}
@@ -109,11 +109,11 @@ func TestStatusDocumentOptionalKeys(t *testing.T) {
 		StartedAt: testStart, HeartbeatAt: testStart, HolderPID: -1}
 	wantHandle := []string{"resource", "lease_id", "status", "mode", "generation", "holder_uid",
 		"holder_pid", "host", "started_at", "heartbeat_at"}
-	keys := docKeys(t, StatusDocument(handle, 0))
+	keys := docKeys(t, StatusDocument(handle))
 	if !slices.Equal(keys, wantHandle) {
 		t.Errorf("handle document keys = %v, want %v (no expires_at, no unset optional keys)", keys, wantHandle)
 	}
-	if m := parseDoc(t, StatusDocument(handle, 0)); m["holder_pid"] != int64(0) {
+	if m := parseDoc(t, StatusDocument(handle)); m["holder_pid"] != int64(0) {
 		t.Errorf("negative holder pid rendered as %v", m["holder_pid"])
 	}
 }
@@ -126,7 +126,7 @@ func TestStatusDocumentHostileStrings(t *testing.T) {
 		ActorSessionID: "line1\nline2\r\n\x00\x1b[31m\x7f", Client: "tab\there",
 		TakeoverReason: "\"\"\"triple\"\"\" '''lit'''",
 	}
-	m := parseDoc(t, StatusDocument(l, 0))
+	m := parseDoc(t, StatusDocument(l))
 	for k, want := range map[string]string{
 		"resource": l.Resource, "host": l.Host, "actor_session_id": l.ActorSessionID,
 		"client": l.Client, "takeover_reason": l.TakeoverReason,
@@ -138,7 +138,7 @@ func TestStatusDocumentHostileStrings(t *testing.T) {
 	if _, injected := m["x"]; injected {
 		t.Error("a newline in a value injected a key")
 	}
-	for _, f := range StatusFields(l, 0) {
+	for _, f := range StatusFields(l) {
 		if f.Key == "host" && f.Raw != l.Host {
 			t.Errorf("raw host = %q, want unquoted %q", f.Raw, l.Host)
 		}
@@ -183,11 +183,11 @@ func TestStatusDocumentAfterRelease(t *testing.T) {
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	clock.Advance(1234 * time.Millisecond)
-	l, err := s.Release(ctx, g.Lease.ID, g.Token, StatusComplete)
+	l, err := s.Release(ctx, g.Lease.ID, g.Token, StatusComplete, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := parseDoc(t, StatusDocument(l, 0))
+	m := parseDoc(t, StatusDocument(l))
 	if m["status"] != "complete" {
 		t.Errorf("status = %v", m["status"])
 	}

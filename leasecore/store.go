@@ -90,6 +90,8 @@ type FileStore struct {
 	live       map[string]*entry // by resource, active leases only
 	perUID     map[uint32]int    // live leases per holder uid
 	namespaces map[string]Namespace
+	// waiters counts blocked flock waiters per resource (AddWaiters).
+	waiters map[string]int
 	// unsynced holds leases ended in memory whose record could not be
 	// written yet (see endLocked).
 	unsynced map[string]*entry
@@ -133,6 +135,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		live:       make(map[string]*entry),
 		perUID:     make(map[uint32]int),
 		namespaces: make(map[string]Namespace),
+		waiters:    make(map[string]int),
 		unsynced:   make(map[string]*entry),
 	}
 	if err := s.openFiles(); err != nil {
@@ -245,15 +248,15 @@ func (s *FileStore) load() error {
 			s.opts.Logger.Warn("skipping unreadable lease record", "path", path, "err", err)
 			continue
 		}
-		rec, err := decodeRecord(data)
-		if err == nil && rec.LeaseID != id {
-			err = fmt.Errorf("lease_id %q does not match the file name", rec.LeaseID)
+		l, hash, err := decodeRecord(data)
+		if err == nil && l.ID != id {
+			err = fmt.Errorf("lease_id %q does not match the file name", l.ID)
 		}
 		if err != nil {
 			s.opts.Logger.Warn("skipping corrupt lease record", "path", path, "err", err)
 			continue
 		}
-		e := &entry{lease: fromRecord(rec), hash: rec.TokenHash}
+		e := &entry{lease: l, hash: hash}
 		s.fillExpiry(&e.lease)
 		age := max(now.Sub(e.lease.HeartbeatAt), 0)
 		e.hbMono = mono - age
@@ -282,6 +285,12 @@ func (s *FileStore) load() error {
 	if err := s.loadNamespaces(); err != nil {
 		return err
 	}
+	switch {
+	case !s.opts.ReadOnly:
+		s.removeWaiters()
+	case !s.opts.NoDaemon:
+		s.loadWaiters()
+	}
 
 	// Index active leases; settle duplicates and leftovers of a previous
 	// daemon in generation order so the outcome is deterministic.
@@ -309,11 +318,11 @@ func (s *FileStore) load() error {
 	for _, e := range active {
 		switch {
 		case s.live[e.lease.Resource] != e:
-			if err := s.endLocked(e, StatusAbandoned, "superseded by a newer active record", true); err != nil {
+			if err := s.endLocked(e, e.lease, StatusAbandoned, "superseded by a newer active record", true); err != nil {
 				return err
 			}
 		case e.lease.Mode == ModeHandle:
-			if err := s.endLocked(e, StatusAbandoned, "handle lease of a previous daemon", true); err != nil {
+			if err := s.endLocked(e, e.lease, StatusAbandoned, "handle lease of a previous daemon", true); err != nil {
 				return err
 			}
 		case e.lease.Generation == 0:
@@ -397,10 +406,7 @@ func writeFile(dir *os.File, path string, data []byte) error {
 
 // writeRecord persists l under the cross-process lock. The caller holds mu.
 func (s *FileStore) writeRecord(l *Lease, hash string) error {
-	data, err := encodeRecord(toRecord(l, hash))
-	if err != nil {
-		return fmt.Errorf("leasecore: encode record: %w", err)
-	}
+	data := encodeRecord(l, hash)
 	unlock, err := s.flock(unix.LOCK_EX)
 	if err != nil {
 		return err
@@ -431,7 +437,8 @@ func (s *FileStore) deadReason(e *entry) string {
 	return ""
 }
 
-// endLocked ends e with status, durably. The caller holds mu.
+// endLocked ends e with status, durably, recording it as l (e's lease,
+// possibly with annotations applied). The caller holds mu.
 //
 // When deferrable and the record cannot be written (disk full, read-only),
 // the end still takes effect in memory and the record is written later by
@@ -440,8 +447,7 @@ func (s *FileStore) deadReason(e *entry) string {
 // of SPEC §5 and handle leases, which no daemon keeps across a restart
 // (SPEC §2). A lease released by its holder is not deferrable: the release
 // fails and nothing changes.
-func (s *FileStore) endLocked(e *entry, status Status, reason string, deferrable bool) error {
-	l := e.lease
+func (s *FileStore) endLocked(e *entry, l Lease, status Status, reason string, deferrable bool) error {
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	s.fillExpiry(&l)
@@ -484,7 +490,7 @@ func (s *FileStore) checkLive(e *entry) (bool, error) {
 	if e.lease.Status != StatusActive || s.opts.ReadOnly {
 		return false, nil
 	}
-	return false, s.endLocked(e, StatusAbandoned, reason, true)
+	return false, s.endLocked(e, e.lease, StatusAbandoned, reason, true)
 }
 
 // LeaseDuration returns the heartbeat TTL of token leases. Safe for
@@ -529,5 +535,8 @@ func (s *FileStore) begin(write bool) error {
 func (s *FileStore) snapshot(e *entry) Lease {
 	l := e.lease
 	s.fillExpiry(&l)
+	if l.Status == StatusActive {
+		l.Waiters = s.waiters[l.Resource]
+	}
 	return l
 }

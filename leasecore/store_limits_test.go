@@ -20,7 +20,7 @@ func TestQuota(t *testing.T) {
 	if _, err := s.Reserve(ctx, Draft{Resource: "c", HolderUID: 2000}); err != nil {
 		t.Fatalf("Reserve by another uid: %v", err)
 	}
-	if _, err := s.Release(ctx, a.Lease.ID, a.Token, StatusComplete); err != nil {
+	if _, err := s.Release(ctx, a.Lease.ID, a.Token, StatusComplete, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Reserve(ctx, Draft{Resource: "d", HolderUID: 1000}); err != nil {
@@ -120,8 +120,8 @@ func TestInvalidDrafts(t *testing.T) {
 		{Draft{Resource: "../x"}, ErrInvalidName},
 		{Draft{Resource: strings.Repeat("n", 256)}, ErrNameTooLong},
 		{Draft{Resource: "x", Mode: "shared"}, ErrInvalidArgument},
-		{Draft{Resource: "x", Annotations: Annotations{Client: ptr(strings.Repeat("c", 1025))}}, ErrInvalidArgument},
-		{Draft{Resource: "x", Annotations: Annotations{AnchorState: ptr("a\x00b")}}, ErrInvalidArgument},
+		{Draft{Resource: "x", Annotations: Annotations{"client": strings.Repeat("c", 1025)}}, ErrInvalidArgument},
+		{Draft{Resource: "x", Annotations: Annotations{"anchor_state": "a\x00b"}}, ErrInvalidArgument},
 	}
 	for _, tc := range tests {
 		_, err := s.Reserve(ctx, tc.d)
@@ -159,7 +159,7 @@ func TestGenerationOutOfRangeRejected(t *testing.T) {
 	for _, gen := range []string{"-5", "281474976710657"} {
 		rec := "lease_id = \"lease-abc\"\nthread = \"a\"\ntoken_hash = \"00\"\nheartbeat_at = \"2026-11-30T02:00:00Z\"\n" +
 			"started_at = \"2026-11-30T02:00:00Z\"\nstatus = \"active\"\ngeneration = " + gen + "\n"
-		if _, err := decodeRecord([]byte(rec)); err == nil {
+		if _, _, err := decodeRecord([]byte(rec)); err == nil {
 			t.Errorf("record with generation %s accepted", gen)
 		}
 	}

@@ -26,32 +26,29 @@ func checkText(s string) error {
 	return nil
 }
 
-// applyAnnotations validates ann and applies it to l.
+// applyAnnotations validates ann and applies it to l (docs/PROTOCOL.md
+// §4.2). Errors: ErrInvalidArgument for a key that is not an annotation, a
+// string that breaks [checkText], or a pid that is not a running process.
 func applyAnnotations(l *Lease, ann Annotations) error {
-	for _, f := range []struct {
-		src *string
-		dst *string
-	}{
-		{ann.ActorSessionID, &l.ActorSessionID},
-		{ann.TaskAssignmentID, &l.TaskAssignmentID},
-		{ann.AnchorState, &l.AnchorState},
-		{ann.AnchorRoot, &l.AnchorRoot},
-		{ann.Path, &l.Path},
-		{ann.Client, &l.Client},
-	} {
-		if f.src == nil {
+	for key, v := range ann {
+		f, ok := commandField(key)
+		if !ok {
+			return fmt.Errorf("%w: %q is not an annotation", ErrInvalidArgument, key)
+		}
+		if f.kind == kindString {
+			if err := checkText(v); err != nil {
+				return err
+			}
+			f.value(l).SetString(v)
 			continue
 		}
-		if err := checkText(*f.src); err != nil {
-			return err
-		}
-		*f.dst = *f.src
-	}
-	if ann.PID != nil {
-		pid := *ann.PID
-		if pid == 0 {
+		pid, err := strconv.Atoi(v)
+		switch {
+		case err != nil || pid < 0 || pid > maxPID:
+			return fmt.Errorf("%w: pid %.20q out of range", ErrInvalidArgument, v)
+		case pid == 0:
 			l.PID, l.PIDStartTicks = 0, 0
-			return nil
+			continue
 		}
 		ticks, ok := ProcessStartTicks(pid)
 		if !ok {
@@ -203,14 +200,18 @@ func checkEndStatus(status Status) error {
 	return nil
 }
 
-// Release authenticates token and ends lease id with status; see
-// [Store.Release].
-func (s *FileStore) Release(ctx context.Context, id, token string, status Status) (Lease, error) {
+// Release authenticates token, applies ann and ends lease id with status;
+// see [Store.Release].
+func (s *FileStore) Release(ctx context.Context, id, token string, status Status, ann Annotations) (Lease, error) {
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
 	return s.mutateActive(id, &token, func(e *entry) error {
-		return s.endLocked(e, status, "released by its holder", false)
+		annotated := e.lease
+		if err := applyAnnotations(&annotated, ann); err != nil {
+			return err
+		}
+		return s.endLocked(e, annotated, status, "released by its holder", false)
 	})
 }
 
@@ -220,7 +221,7 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 		return Lease{}, err
 	}
 	return s.mutateActive(id, nil, func(e *entry) error {
-		return s.endLocked(e, status, "ended by its holder", e.lease.Mode == ModeHandle)
+		return s.endLocked(e, e.lease, status, "ended by its holder", e.lease.Mode == ModeHandle)
 	})
 }
 
@@ -382,7 +383,7 @@ func (s *FileStore) EndResource(ctx context.Context, resource string, status Sta
 	var ended []Lease
 	for _, e := range s.leases {
 		if e.lease.Resource == resource && e.lease.Status == StatusActive {
-			if err := s.endLocked(e, status, "resource ended", false); err != nil {
+			if err := s.endLocked(e, e.lease, status, "resource ended", false); err != nil {
 				return ended, err
 			}
 			ended = append(ended, s.snapshot(e))
@@ -464,4 +465,23 @@ func (s *FileStore) saveGeneration() error {
 	}
 	s.hwSaved = s.hw
 	return nil
+}
+
+// AddWaiters adds delta to the count of blocked flock waiters on resource;
+// see [Store.AddWaiters]. The count lives in memory and, for "leasefs ls"
+// and "status", in the waiters file of the state directory, rewritten
+// without fsync: it describes blocked calls of this daemon, which do not
+// outlive it.
+func (s *FileStore) AddWaiters(resource string, delta int) {
+	if err := s.begin(true); err != nil {
+		return
+	}
+	defer s.mu.Unlock()
+	n := s.waiters[resource] + delta
+	if n <= 0 {
+		delete(s.waiters, resource)
+	} else {
+		s.waiters[resource] = n
+	}
+	s.saveWaiters()
 }

@@ -249,7 +249,7 @@ func TestReadOnlyStore(t *testing.T) {
 	mutations := map[string]error{}
 	_, mutations["Reserve"] = ro.Reserve(ctx, Draft{Resource: "z"})
 	_, mutations["Renew"] = ro.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
-	_, mutations["Release"] = ro.Release(ctx, g.Lease.ID, g.Token, StatusComplete)
+	_, mutations["Release"] = ro.Release(ctx, g.Lease.ID, g.Token, StatusComplete, nil)
 	_, mutations["End"] = ro.End(ctx, g.Lease.ID, StatusComplete)
 	_, mutations["RequestTakeover"] = ro.RequestTakeover(ctx, g.Lease.ID, TakeoverRequest{By: "me"})
 	_, mutations["EndResource"] = ro.EndResource(ctx, "x", StatusAbandoned)
@@ -287,10 +287,10 @@ func TestDuplicateActiveRecordsNewerWins(t *testing.T) {
 	s := openStore(t, state, Options{Clock: clock})
 	ctx := context.Background()
 	l, err := s.Live(ctx, "dup")
-	if err != nil || l.ID != newer.LeaseID {
-		t.Fatalf("Live = %+v, %v; want %s", l, err, newer.LeaseID)
+	if err != nil || l.ID != newer.ID {
+		t.Fatalf("Live = %+v, %v; want %s", l, err, newer.ID)
 	}
-	o, err := s.Load(ctx, older.LeaseID)
+	o, err := s.Load(ctx, older.ID)
 	if err != nil || o.Status != StatusAbandoned {
 		t.Fatalf("older duplicate = %+v, %v; want abandoned", o, err)
 	}

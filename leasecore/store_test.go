@@ -132,7 +132,7 @@ func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 
 	_, err := s.Renew(ctx, g.Lease.ID, "hwl_wrong", Annotations{})
 	wantErr(t, "Renew with a wrong token", err, ErrTokenMismatch)
-	_, err = s.Release(ctx, g.Lease.ID, NewToken(), StatusComplete)
+	_, err = s.Release(ctx, g.Lease.ID, NewToken(), StatusComplete, nil)
 	wantErr(t, "Release with a wrong token", err, ErrTokenMismatch)
 	if after := readFile(t, path); !bytes.Equal(before, after) {
 		t.Fatalf("a refused token changed the record:\n%s\n---\n%s", before, after)
@@ -150,7 +150,7 @@ func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 		t.Errorf("renewed heartbeat %v expires %v, want %v", l.HeartbeatAt, l.ExpiresAt, want)
 	}
 
-	l, err = s.Release(ctx, g.Lease.ID, g.Token, StatusComplete)
+	l, err = s.Release(ctx, g.Lease.ID, g.Token, StatusComplete, nil)
 	if err != nil {
 		t.Fatalf("Release with the token: %v", err)
 	}
@@ -218,7 +218,7 @@ func TestStoredRecordHasNoToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("after renew")
-	if _, err := s.Release(ctx, g.Lease.ID, g.Token, StatusAbandoned); err != nil {
+	if _, err := s.Release(ctx, g.Lease.ID, g.Token, StatusAbandoned, nil); err != nil {
 		t.Fatal(err)
 	}
 	check("after release")
@@ -263,7 +263,7 @@ func TestOperationsOnUnknownEndedAndInvalidLeases(t *testing.T) {
 	ops := map[string]func(id, token string) error{
 		"Renew": func(id, tok string) error { _, err := s.Renew(ctx, id, tok, Annotations{}); return err },
 		"Release": func(id, tok string) error {
-			_, err := s.Release(ctx, id, tok, StatusComplete)
+			_, err := s.Release(ctx, id, tok, StatusComplete, nil)
 			return err
 		},
 		"End": func(id, _ string) error { _, err := s.End(ctx, id, StatusComplete); return err },
@@ -295,7 +295,7 @@ func TestEndAndEndStatus(t *testing.T) {
 	for _, bad := range []Status{StatusActive, "", "weird"} {
 		_, err := s.End(ctx, g.Lease.ID, bad)
 		wantErr(t, "End with status "+string(bad), err, ErrInvalidArgument)
-		_, err = s.Release(ctx, g.Lease.ID, g.Token, bad)
+		_, err = s.Release(ctx, g.Lease.ID, g.Token, bad, nil)
 		wantErr(t, "Release with status "+string(bad), err, ErrInvalidArgument)
 	}
 	if _, err := s.Live(ctx, "x"); err != nil {

@@ -1,0 +1,71 @@
+package leasecore
+
+import (
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// waitersName is the file in the state directory in which the serving
+// daemon publishes its blocked flock waiters per resource, as TOML
+// `"resource" = count` lines, for "leasefs ls" and "leasefs status". It is
+// advisory: written without fsync, removed when a daemon opens the store,
+// and ignored when no daemon serves the directory.
+const waitersName = "waiters.toml"
+
+// saveWaiters rewrites the waiters file (temporary file and rename, no
+// fsync). Failures are logged at debug level only: the counts are
+// informational. The caller holds mu.
+func (s *FileStore) saveWaiters() {
+	path := filepath.Join(s.state, waitersName)
+	if len(s.waiters) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.opts.Logger.Debug("removing the waiters file failed", "err", err)
+		}
+		return
+	}
+	var b strings.Builder
+	for _, r := range slices.Sorted(maps.Keys(s.waiters)) {
+		b.WriteString(QuoteTOML(r) + " = " + strconv.Itoa(s.waiters[r]) + "\n")
+	}
+	tmp := filepath.Join(s.state, "."+waitersName+".tmp")
+	err := os.WriteFile(tmp, []byte(b.String()), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		s.opts.Logger.Debug("writing the waiters file failed", "err", err)
+	}
+}
+
+// loadWaiters reads the waiters file of a serving daemon into s.waiters;
+// a missing or corrupt file means no waiters.
+func (s *FileStore) loadWaiters() {
+	data, err := os.ReadFile(filepath.Join(s.state, waitersName))
+	if err != nil {
+		return
+	}
+	m := make(map[string]int64)
+	if _, err := toml.Decode(string(data), &m); err != nil {
+		return
+	}
+	for r, n := range m {
+		if n > 0 && n <= 1<<31-1 {
+			s.waiters[r] = int(n)
+		}
+	}
+}
+
+// removeWaiters removes the waiters file of a previous daemon, whose
+// waiters died with it.
+func (s *FileStore) removeWaiters() {
+	_ = os.Remove(filepath.Join(s.state, waitersName))
+	_ = os.Remove(filepath.Join(s.state, "."+waitersName+".tmp"))
+}
