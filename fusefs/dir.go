@@ -157,15 +157,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	if err := leasecore.ValidateName(name); err != nil {
 		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
 	}
-	if d.fsys.draining.Load() {
-		return nil, nil, 0, d.fsys.refuse("create", resource, c, syscall.EAGAIN, "daemon is handing over")
-	}
-	g, err := d.fsys.store.Reserve(ctx, leasecore.Draft{
-		Resource:  resource,
-		HolderUID: c.uid,
-		HolderGID: c.gid,
-		HolderPID: c.pid,
-	})
+	g, err := d.fsys.reserve(ctx, resource, c)
 	var held *leasecore.LeaseHeldError
 	switch {
 	case errors.As(err, &held):
@@ -180,9 +172,6 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	case err != nil:
 		return nil, nil, 0, d.fsys.refuse("create", resource, c, toErrno(err), err)
 	}
-	d.fsys.rememberToken(g.Lease.ID, g.Token)
-	d.fsys.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
-		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.pid)
 	node := d.childLease(ctx, g.Lease, out)
 	return node, node.Operations().(*leaseNode).newHandle(g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
 }

@@ -7,6 +7,10 @@ import (
 	"github.com/leasefs/leasefs/leasecore"
 )
 
+// errDraining refuses new leases while the daemon hands over to another
+// (see [FS.Drain]); it maps to EAGAIN.
+var errDraining = errors.New("fusefs: daemon is handing over")
+
 // toErrno maps a store error to the errno of SPEC §9. A store that cannot
 // persist a change answers ENOSPC when the disk is full (or over its quota:
 // EDQUOT is reserved for the per-uid lease limit) and EIO otherwise.
@@ -35,6 +39,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOTEMPTY
 	case errors.Is(err, leasecore.ErrIsNamespace):
 		return syscall.EISDIR
+	case errors.Is(err, errDraining):
+		return syscall.EAGAIN
 	case errors.Is(err, leasecore.ErrReadOnly):
 		return syscall.EROFS
 	case errors.Is(err, syscall.ENOSPC):

@@ -282,6 +282,7 @@ const nobody = 65534
 type caller struct {
 	uid, gid uint32
 	pid      int // process (thread group) id, 0 when unknown
+	tid      int // the calling thread, 0 when unknown
 }
 
 // callerOf returns the caller of the request in ctx. FUSE reports the
@@ -292,7 +293,30 @@ func callerOf(ctx context.Context) caller {
 		// Never happens under go-fuse; fail closed as an unprivileged uid.
 		return caller{uid: nobody, gid: nobody}
 	}
-	return caller{uid: c.Uid, gid: c.Gid, pid: leasecore.ProcessTgid(int(c.Pid))}
+	return caller{uid: c.Uid, gid: c.Gid, pid: leasecore.ProcessTgid(int(c.Pid)), tid: int(c.Pid)}
+}
+
+// reserve reserves a token lease on resource for caller c and keeps its
+// token for the first read (docs/PROTOCOL.md §3). Errors: EAGAIN while the
+// daemon hands over (see [FS.Drain]), and those of [leasecore.Store.Reserve],
+// a *LeaseHeldError included.
+func (f *FS) reserve(ctx context.Context, resource string, c caller) (leasecore.Grant, error) {
+	if f.draining.Load() {
+		return leasecore.Grant{}, errDraining
+	}
+	g, err := f.store.Reserve(ctx, leasecore.Draft{
+		Resource:  resource,
+		HolderUID: c.uid,
+		HolderGID: c.gid,
+		HolderPID: c.pid,
+	})
+	if err != nil {
+		return g, err
+	}
+	f.rememberToken(g.Lease.ID, g.Token)
+	f.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
+		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.pid)
+	return g, nil
 }
 
 // mayHold reports whether c may act as the holder of l: the holder uid or

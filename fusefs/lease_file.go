@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,11 +88,43 @@ func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Att
 	// fh is no help: for fstat the kernel sends none and go-fuse passes
 	// the inode's first open file, whichever process it belongs to.
 	l, errno := n.current(ctx)
+	if errno == syscall.ESTALE {
+		errno = n.opening(ctx, &l)
+	}
 	if errno != 0 {
 		return errno
 	}
 	n.fsys.fillLeaseAttr(l, &out.Attr)
 	out.Ino = n.StableAttr().Ino // a re-bound lease is seen through this inode
+	return 0
+}
+
+// opening answers the GETATTR that the kernel sends, to check permissions,
+// between its lookup of this node and an OPEN, once the node's lease has
+// ended: failing it would fail the open with ESTALE, which a path open
+// never does (docs/PROTOCOL.md §3). While the caller is in an open system
+// call, l becomes what the open will reach (see [leaseNode.resolve]): the
+// name's current live lease, or, for an open with O_CREAT of a free name,
+// the ended lease as the caller's own reservation will look; a free name
+// without O_CREAT answers ENOENT. Any other caller (fstat of a descriptor
+// whose lease ended) gets ESTALE.
+func (n *leaseNode) opening(ctx context.Context, l *leasecore.Lease) syscall.Errno {
+	c := callerOf(ctx)
+	creates, inOpen := callerCreates(c.tid)
+	if !inOpen {
+		return syscall.ESTALE
+	}
+	live, err := n.fsys.store.Live(ctx, n.resource)
+	switch {
+	case err == nil:
+		*l = live
+	case !errors.Is(err, leasecore.ErrNotFound):
+		return toErrno(err)
+	case !creates:
+		return syscall.ENOENT
+	default:
+		l.HolderUID, l.HolderGID = c.uid, c.gid
+	}
 	return 0
 }
 
@@ -118,18 +151,68 @@ func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 }
 
 // Open opens the lease with direct I/O, binding the handle to the lease it
-// was opened on. Errors: ESTALE when the lease has ended.
+// was opened on. A path open never fails with ESTALE (docs/PROTOCOL.md §3):
+// when the lease the kernel looked up has ended before the open reached the
+// daemon, the open takes the name as it is now (see [leaseNode.resolve]).
+// Errors: EACCES when a non-holder opens for writing; ENOENT when the name
+// has no live lease and the open does not create; those of a reservation.
 func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	l, errno := n.live(ctx)
-	if errno != 0 {
-		return nil, 0, errno
-	}
 	c := callerOf(ctx)
+	l, errno := n.live(ctx)
+	reserved := false
+	if errno == syscall.ESTALE {
+		l, reserved, errno = n.resolve(ctx, c)
+	}
+	if errno != 0 {
+		return nil, 0, n.fsys.refuse("open", n.resource, c, errno, "no live lease to open")
+	}
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.mayHold(l) {
 		return nil, 0, n.fsys.refuse("open", n.resource, c, syscall.EACCES, "not the holder uid")
 	}
-	return n.newHandle(l, false), fuse.FOPEN_DIRECT_IO, 0
+	return n.newHandle(l, reserved), fuse.FOPEN_DIRECT_IO, 0
 }
+
+// resolve finds what an open of this node's name reaches now that the
+// node's own lease has ended: the name's current live lease; or, when the
+// name is free and the caller's open has O_CREAT, a new token lease
+// reserved for the caller (reserved is then true); ENOENT when the name is
+// free and the open does not create. FUSE strips O_CREAT from OPEN, so the
+// caller's flags are read from its system call; when they cannot be read,
+// ESTALE makes the kernel look the name up once more, and that lookup
+// creates or fails with ENOENT itself.
+func (n *leaseNode) resolve(ctx context.Context, c caller) (l leasecore.Lease, reserved bool, errno syscall.Errno) {
+	// Each round ends when the name is held or reserved; another round is
+	// needed only when someone else reserved between the two calls.
+	for range maxResolveRounds {
+		l, err := n.fsys.store.Live(ctx, n.resource)
+		if err == nil {
+			return l, false, 0
+		}
+		if !errors.Is(err, leasecore.ErrNotFound) {
+			return l, false, toErrno(err)
+		}
+		creates, known := callerCreates(c.tid)
+		switch {
+		case !known:
+			return l, false, syscall.ESTALE
+		case !creates:
+			return l, false, syscall.ENOENT
+		}
+		g, err := n.fsys.reserve(ctx, n.resource, c)
+		if errors.Is(err, leasecore.ErrHeld) {
+			continue // reserved by another since Live: open that lease
+		}
+		if err != nil {
+			return l, false, toErrno(err)
+		}
+		return g.Lease, true, 0
+	}
+	return leasecore.Lease{}, false, syscall.ESTALE
+}
+
+// maxResolveRounds bounds the rounds of [leaseNode.resolve] on a name that
+// is reserved and ended again and again between its calls.
+const maxResolveRounds = 8
 
 // xattrValue returns the value of attribute name of l.
 func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {

@@ -69,11 +69,53 @@ func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLoc
 	return h.setlk(ctx, owner, lk, flags, true)
 }
 
-// setlk maps a lock request onto handle leases (SPEC §6). Errors: ENOLCK for
-// shared and byte-range locks; EWOULDBLOCK when another holds the name and
-// the caller will not wait; EINTR when a wait is interrupted; EAGAIN while
-// the daemon hands over to another; ESTALE, ENOSPC, EIO from the store.
+// setlk maps a lock request onto handle leases (docs/PROTOCOL.md §6).
+// Errors: ENOLCK for shared and byte-range locks; EWOULDBLOCK when another
+// holds the name and the caller will not wait; EINTR when a wait is
+// interrupted; EAGAIN while the daemon hands over to another; ESTALE,
+// ENOSPC, EIO from the store. A refused lock leaves nothing held: see
+// [leaseHandle.dropUnclaimed].
 func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, block bool) syscall.Errno {
+	errno := h.trySetlk(ctx, owner, lk, flags, block)
+	if errno != 0 {
+		h.dropUnclaimed()
+	}
+	return errno
+}
+
+// dropUnclaimed ends, as abandoned, the token lease that this open file
+// reserved when its token has not been read: the lock the opener asked for
+// was refused, and nobody else could ever renew or release that lease, so
+// it would hold the name for a whole lease duration (`flock -s` on a free
+// name: O_CREAT reserved, LOCK_SH refused).
+func (h *leaseHandle) dropUnclaimed() {
+	f := h.fsys
+	h.mu.Lock()
+	id, reserved := h.id, h.reserved
+	h.mu.Unlock()
+	if !reserved {
+		return
+	}
+	tok, unread := f.takeToken(id)
+	if !unread {
+		return // the holder has its token: the lease is theirs to end
+	}
+	ctx := context.Background()
+	if l, err := f.store.Load(ctx, id); err != nil || !l.Live() || l.Mode != leasecore.ModeToken {
+		return // ended, or bound to a lock since: nothing unclaimed
+	}
+	l, err := f.store.End(ctx, id, leasecore.StatusAbandoned)
+	if err != nil {
+		f.rememberToken(id, tok)
+		f.log.Error("ending the lease of a refused lock failed", "resource", h.resource, "lease", id, "err", err)
+		return
+	}
+	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", "its lock was refused")
+	f.ended(l)
+}
+
+// trySetlk is setlk without the cleanup of a refusal.
+func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, block bool) syscall.Errno {
 	req := lockRequest{c: callerOf(ctx), flock: flags&fuse.FUSE_LK_FLOCK != 0, block: block}
 	op := "fcntl"
 	if req.flock {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -471,6 +472,8 @@ sys.stdin.read()
 // TestLockRefusals checks the locks leasefs cannot honour exactly: shared flock and fcntl
 // locks and byte-range fcntl locks get ENOLCK, and a refused lock binds nothing (the lease
 // stays a token lease whose token is still unread).
+// A refused lock leaves nothing held: the lease the refused open file
+// reserved ends before the refusal returns, unless its token was read.
 func TestLockRefusals(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
@@ -478,25 +481,67 @@ func TestLockRefusals(t *testing.T) {
 	kv := pyKV(t, `
 import fcntl, struct, subprocess
 p = os.environ["P"]
+locks = {
+    "flock_sh": lambda fd: fcntl.flock(fd, fcntl.LOCK_SH),
+    "flock_sh_nb": lambda fd: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB),
+    "lockf_sh": lambda fd: fcntl.lockf(fd, fcntl.LOCK_SH),
+    "fcntl_rdlck": lambda fd: fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0)),
+    "lockf_len10": lambda fd: fcntl.lockf(fd, fcntl.LOCK_EX, 10),
+    "lockf_from5": lambda fd: fcntl.lockf(fd, fcntl.LOCK_EX, 0, 5),
+}
+for name, lock in locks.items():
+    fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    out(name, err(lock, fd))
+    out(name + "_after", err(os.stat, p))
+    out(name + "_renew", err(os.write, fd, b"takeover"))
+    os.close(fd)
+# With its token read, the reservation is the holder's: a refused lock keeps it.
 fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-out("flock_sh", err(fcntl.flock, fd, fcntl.LOCK_SH))
-out("flock_sh_nb", err(fcntl.flock, fd, fcntl.LOCK_SH | fcntl.LOCK_NB))
-out("lockf_sh", err(fcntl.lockf, fd, fcntl.LOCK_SH))
-out("fcntl_rdlck", err(fcntl.fcntl, fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 0, 0)))
-out("lockf_len10", err(fcntl.lockf, fd, fcntl.LOCK_EX, 10))
-out("lockf_from5", err(fcntl.lockf, fd, fcntl.LOCK_EX, 0, 5))
-out("first_read", subprocess.run(["cat", p], capture_output=True, text=True).stdout)
+out("token", os.read(fd, 4096))
+out("read_then_sh", err(fcntl.flock, fd, fcntl.LOCK_SH))
+out("read_then_after", err(os.stat, p))
+os.close(fd)
 `, "P="+p)
 	for _, k := range []string{"flock_sh", "flock_sh_nb", "lockf_sh", "fcntl_rdlck", "lockf_len10", "lockf_from5"} {
 		wantKV(t, kv, k, "ENOLCK")
+		wantKV(t, kv, k+"_after", "ENOENT")
+		wantKV(t, kv, k+"_renew", "ESTALE")
 	}
-	if !tokenRE.MatchString(kv["first_read"]) {
-		t.Errorf("after refused locks the first read = %q, want the token of an unbound token lease", kv["first_read"])
+	wantKV(t, kv, "read_then_sh", "ENOLCK")
+	wantKV(t, kv, "read_then_after", "ok")
+	if !tokenRE.MatchString(strings.TrimSpace(kv["token"]) + "\n") {
+		t.Errorf("first read = %q, want the token", kv["token"])
 	}
 	st, _ := statusDoc(t, p)
 	if st["mode"] != "token" {
-		t.Errorf("after refused locks mode = %q, want token", st["mode"])
+		t.Errorf("after a refused lock on a claimed reservation mode = %q, want token", st["mode"])
 	}
+	hist := cliJSON(t, "history", "--state", d.state, "excl", "--json")
+	if len(hist) != 6 {
+		t.Fatalf("history of excl has %d leases, want the 6 refused reservations: %v", len(hist), hist)
+	}
+	for _, h := range hist {
+		if h["status"] != "abandoned" {
+			t.Errorf("refused reservation ended as %v, want abandoned: %v", h["status"], h)
+		}
+	}
+}
+
+// flock(1) with a shared lock on a free name: the O_CREAT open reserved
+// the name, the lock is refused, and the name is free again at once.
+func TestFlockSharedRefusedFreesName(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	d := startDaemon(t, daemonOpts{})
+	p := filepath.Join(d.mountpoint, "x")
+	r := sh(t, `flock -s -n "$P" true`, "P="+p)
+	if r.code == 0 {
+		t.Fatalf("flock -s succeeded: %s", r)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after a refused flock -s the name is still held: stat = %v", err)
+	}
+	mustSh(t, `set -C; : > "$P"`, "P="+p) // free to reserve at once
 }
 
 // pyPosixHolder is a python3 client that reserves $P and takes a whole-file lockf(LOCK_EX)
