@@ -187,3 +187,22 @@ func TestWaitersArePublished(t *testing.T) {
 		t.Errorf("waiters file after the last waiter left: %v", err)
 	}
 }
+
+// A read-only store without a lease duration of its own judges expiry with
+// the duration the directory was last served with.
+func TestReadOnlyStoreAdoptsServedLeaseDuration(t *testing.T) {
+	t.Parallel()
+	clock := NewFakeClock(testStart)
+	state := t.TempDir()
+	s := openStore(t, state, Options{Clock: clock, LeaseDuration: 30 * time.Minute})
+	g := reserve(t, s, "x")
+	clock.Advance(10 * time.Minute) // past the default 5 minutes, within 30
+	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
+	if ro.LeaseDuration() != 30*time.Minute {
+		t.Errorf("read-only LeaseDuration = %v, want the served 30m", ro.LeaseDuration())
+	}
+	l, err := ro.Live(context.Background(), "x")
+	if err != nil || !l.ExpiresAt.Equal(g.Lease.HeartbeatAt.Add(30*time.Minute)) {
+		t.Errorf("read-only Live = %+v, %v; want live, expiring 30m after its heartbeat", l, err)
+	}
+}

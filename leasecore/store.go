@@ -31,13 +31,17 @@ const (
 	generationName = "generation"
 	// namespacesName persists the namespaces (directories) of the mount.
 	namespacesName = "namespaces.toml"
+	// durationName records the lease duration the store was last served
+	// with, so that "leasefs ls" judges expiry as the daemon does.
+	durationName = "lease-duration"
 )
 
 // Options configure [OpenFileStore]. The zero value works: every zero field
 // takes its documented default.
 type Options struct {
-	// LeaseDuration is the heartbeat TTL of token leases;
-	// default [DefaultLeaseDuration].
+	// LeaseDuration is the heartbeat TTL of token leases; default
+	// [DefaultLeaseDuration], or for a ReadOnly store the duration the
+	// directory was last served with.
 	LeaseDuration time.Duration
 	// HistoryKeep is how many ended records are kept; default
 	// [DefaultHistoryKeep]. Older ones are pruned by [FileStore.Reap].
@@ -108,6 +112,7 @@ var _ Store = (*FileStore)(nil)
 // Unreadable or corrupt records are logged and skipped, never fatal.
 // Errors: filesystem errors creating, locking or listing the directory.
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
+	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
 	if opts.LeaseDuration <= 0 {
 		opts.LeaseDuration = DefaultLeaseDuration
 	}
@@ -139,6 +144,10 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		unsynced:   make(map[string]*entry),
 	}
 	if err := s.openFiles(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	if err := s.settleDuration(recorded); err != nil {
 		s.closeFiles()
 		return nil, err
 	}
@@ -181,6 +190,25 @@ func (s *FileStore) openFiles() error {
 		return fmt.Errorf("leasecore: open store: %w", err)
 	}
 	return nil
+}
+
+// settleDuration records the lease duration of a writable store in the
+// state directory, or, when adopt, takes the recorded one for a read-only
+// store.
+func (s *FileStore) settleDuration(adopt bool) error {
+	path := filepath.Join(s.state, durationName)
+	data, err := os.ReadFile(path)
+	recorded, perr := time.ParseDuration(strings.TrimSpace(string(data)))
+	switch {
+	case adopt:
+		if err == nil && perr == nil && recorded > 0 {
+			s.opts.LeaseDuration = recorded
+		}
+		return nil
+	case s.opts.ReadOnly || err == nil && perr == nil && recorded == s.opts.LeaseDuration:
+		return nil
+	}
+	return writeFile(s.stFile, path, []byte(s.opts.LeaseDuration.String()+"\n"))
 }
 
 func (s *FileStore) closeFiles() {
