@@ -70,7 +70,8 @@ func (sc *stateChecker) describe(max int) string {
 var tokenHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // stateDirFiles are the files a state directory may hold besides records.
-var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true}
+var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true,
+	"lease-duration": true, "waiters.toml": true}
 
 // scan inspects the state directory while no daemon runs: every record
 // version not seen before must parse and be well formed, no file may contain
