@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// result is the outcome of one command line run by [runCLI].
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the leasefs command line args in this process.
+func runCLI(t *testing.T, args ...string) result {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), args, &stdout, &stderr)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// tree lists every path under dir, relative to it; nil when dir does not exist.
+func tree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		out = append(out, rel)
+		return nil
+	})
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	return out
+}
+
+// TestNeverServedStateIsEmpty runs ls and history on state directories that no daemon has
+// served: each prints an empty table or [] and exits 0, and the directory is left as it was.
+func TestNeverServedStateIsEmpty(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(t *testing.T) string // returns the state directory
+	}{
+		{"missing", func(t *testing.T) string { return filepath.Join(t.TempDir(), "state") }},
+		{"missing parent", func(t *testing.T) string { return filepath.Join(t.TempDir(), "a", "b", "state") }},
+		{"empty", func(t *testing.T) string { return t.TempDir() }},
+		{"without writer-leases", func(t *testing.T) string {
+			d := t.TempDir()
+			if err := os.WriteFile(filepath.Join(d, "notes"), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}},
+	}
+	commands := []struct {
+		args []string
+		want string // stdout
+	}{
+		{[]string{"ls"}, "RESOURCE  MODE  UID  PID  GENERATION  AGE  EXPIRES IN\n"},
+		{[]string{"ls", "--json"}, "[]\n"},
+		{[]string{"history"}, "RESOURCE  STATUS  MODE  UID  GENERATION  STARTED  ENDED\n"},
+		{[]string{"history", "--json"}, "[]\n"},
+		{[]string{"history", "feature/a", "--json"}, "[]\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			state := c.setup(t)
+			before := tree(t, state)
+			for _, cmd := range commands {
+				args := append(slices.Clone(cmd.args), "--state", state)
+				r := runCLI(t, args...)
+				if r.code != exitOK || r.stdout != cmd.want || r.stderr != "" {
+					t.Errorf("leasefs %s: exit %d, stdout %q, stderr %q; want exit 0, stdout %q, no stderr",
+						strings.Join(args, " "), r.code, r.stdout, r.stderr, cmd.want)
+				}
+			}
+			if after := tree(t, state); !slices.Equal(before, after) {
+				t.Errorf("reading the store changed %s: before %q, after %q", state, before, after)
+			}
+		})
+	}
+}
+
+// TestLsServedState checks that ls still reads a store that a daemon has written.
+func TestLsServedState(t *testing.T) {
+	state := t.TempDir()
+	s, err := leasecore.OpenFileStore(state, leasecore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reserve(context.Background(), leasecore.Draft{Resource: "feature-a", HolderUID: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, "ls", "--state", state)
+	if r.code != exitOK || !strings.Contains(r.stdout, "feature-a") {
+		t.Errorf("ls: exit %d, stdout %q, stderr %q; want feature-a listed", r.code, r.stdout, r.stderr)
+	}
+}
