@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -36,7 +37,7 @@ type usageError struct{ error }
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
@@ -44,7 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var ue usageError
 	switch {
 	case errors.As(err, &ue):
-		fmt.Fprintln(stderr, "Run 'leasefs --help' for usage.")
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
 	case errors.Is(err, leasecore.ErrLockHeld):
 		return exitHeld
@@ -58,6 +59,22 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short:         "Exclusive writer leases as files: a FUSE lease directory",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Suggest commands within this edit distance of an unknown one.
+		SuggestionsMinimumDistance: 2,
+		// An Args validator of its own makes an unknown command a usage
+		// error; cobra's default reports it as a plain error.
+		Args: func(cmd *cobra.Command, a []string) error {
+			if len(a) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q", a[0])
+			if s := cmd.SuggestionsFor(a[0]); len(s) > 0 {
+				msg += " (did you mean " + strings.Join(s, " or ") + "?)"
+			}
+			return usageError{errors.New(msg)}
+		},
+		// Without a command, print the help.
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -66,11 +83,20 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
-// args wraps a cobra argument validator so that its errors are usage errors.
-func args(v cobra.PositionalArgs) cobra.PositionalArgs {
+// noArgs refuses positional arguments with a usage error.
+func noArgs(cmd *cobra.Command, a []string) error {
+	if len(a) > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q: %s takes none", a[0], cmd.CommandPath())}
+	}
+	return nil
+}
+
+// optionalArg returns a validator of at most one positional argument, called
+// name in its usage error.
+func optionalArg(name string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
-		if err := v(cmd, a); err != nil {
-			return usageError{err}
+		if len(a) > 1 {
+			return usageError{fmt.Errorf("too many arguments %q: %s takes at most one %s", a, cmd.CommandPath(), name)}
 		}
 		return nil
 	}
@@ -82,7 +108,15 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
-		Args:  args(cobra.ExactArgs(1)),
+		Args: func(_ *cobra.Command, a []string) error {
+			switch {
+			case len(a) == 0:
+				return usageError{errors.New("missing MOUNTPOINT")}
+			case len(a) > 1:
+				return usageError{fmt.Errorf("want one MOUNTPOINT, got %d arguments: %q", len(a), a)}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, a []string) error {
 			switch {
 			case opts.LeaseDuration < time.Second:
@@ -190,7 +224,7 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [--state DIR] [--json]",
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
-		Args:  args(cobra.NoArgs),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
@@ -229,7 +263,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "history [--state DIR] [RESOURCE] [--json]",
 		Short: "List ended leases, newest first",
-		Args:  args(cobra.MaximumNArgs(1)),
+		Args:  optionalArg("RESOURCE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			resource := ""
 			if len(a) == 1 {
@@ -265,7 +299,7 @@ func newVersionCmd(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print version and build information",
-		Args:  args(cobra.NoArgs),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(stdout, "leasefs %s\n", version)
 			if bi, ok := debug.ReadBuildInfo(); ok {

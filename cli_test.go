@@ -111,3 +111,54 @@ func TestLsServedState(t *testing.T) {
 		t.Errorf("ls: exit %d, stdout %q, stderr %q; want feature-a listed", r.code, r.stdout, r.stderr)
 	}
 }
+
+// packageNames are package names that must not reach a user's message.
+var packageNames = []string{"leasecore:", "mount:", "fusefs:"}
+
+// wantUserMessage fails unless stderr is free of package names and contains every want.
+func wantUserMessage(t *testing.T, r result, want ...string) {
+	t.Helper()
+	for _, p := range packageNames {
+		if strings.Contains(r.stderr, p) {
+			t.Errorf("stderr names the internal package %q:\n%s", p, r.stderr)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+		}
+	}
+}
+
+// TestUsageErrors checks that command line mistakes exit 2 and point to the --help of the
+// command that was mistyped.
+func TestUsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"mount"}, []string{"missing MOUNTPOINT", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"mount", "a", "b"}, []string{"one MOUNTPOINT", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"mount", "--lease-duration", "1ms", "x"}, []string{"--lease-duration", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"mount", "--bogus", "x"}, []string{"--bogus", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"ls", "extra"}, []string{"extra", "Run 'leasefs ls --help' for usage."}},
+		{[]string{"history", "a", "b"}, []string{"Run 'leasefs history --help' for usage."}},
+		{[]string{"frobnicate"}, []string{`unknown command "frobnicate"`, "Run 'leasefs --help' for usage."}},
+		{[]string{"--bogus"}, []string{"--bogus", "Run 'leasefs --help' for usage."}},
+	}
+	for _, c := range cases {
+		r := runCLI(t, c.args...)
+		if r.code != exitUsage {
+			t.Errorf("leasefs %s: exit %d, want %d; stderr:\n%s", strings.Join(c.args, " "), r.code, exitUsage, r.stderr)
+		}
+		wantUserMessage(t, r, c.want...)
+	}
+}
+
+// TestNoArgsPrintsHelp checks that plain "leasefs" still prints its help and exits 0.
+func TestNoArgsPrintsHelp(t *testing.T) {
+	r := runCLI(t)
+	if r.code != exitOK || !strings.Contains(r.stdout, "Available Commands") {
+		t.Errorf("leasefs: exit %d, stdout %q, stderr %q; want help and exit 0", r.code, r.stdout, r.stderr)
+	}
+}
