@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"runtime/debug"
@@ -33,6 +34,17 @@ var version = "0.1.0-dev"
 // usageError marks errors in the command line.
 type usageError struct{ error }
 
+// userError is an error described for the user of the command line: msg
+// says what failed and what to do. It wraps the error it describes, so that
+// errors.Is and errors.As still see sentinel and typed errors.
+type userError struct {
+	msg string
+	err error
+}
+
+func (e *userError) Error() string { return e.msg }
+func (e *userError) Unwrap() error { return e.err }
+
 // run executes the leasefs command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
@@ -41,7 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "leasefs:", err)
+	fmt.Fprintln(stderr, "leasefs:", message(err))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue):
@@ -51,6 +63,49 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitHeld
 	}
 	return exitError
+}
+
+// internalPrefixes are the package prefixes of the errors of leasefs's own
+// packages ("leasecore: open store: …"): they mean nothing to a user.
+var internalPrefixes = strings.NewReplacer("leasecore: ", "", "mount: ", "", "fusefs: ", "")
+
+// message renders err for the user: a [userError] or a daemon lock held by
+// another daemon in words of its own, any other error without the package
+// prefixes of leasefs's own packages.
+func message(err error) string {
+	var ue *userError
+	var held *leasecore.HeldError
+	switch {
+	case errors.As(err, &ue):
+		return ue.msg
+	case errors.As(err, &held):
+		msg := "state directory " + filepath.Dir(held.Path) + " is held by " + held.Holder.String()
+		if errors.Is(err, mount.ErrTakeoverTimeout) {
+			return msg + ", which did not hand over within --takeover-timeout"
+		}
+		return msg + "; stop that daemon first, or take over from it with --takeover"
+	}
+	return internalPrefixes.Replace(err.Error())
+}
+
+// storeError describes err, a failure to open the lease store in state for
+// reading.
+func storeError(state string, err error) error {
+	reason := internalPrefixes.Replace(err.Error())
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		// The operation and path of a failure inside the state directory
+		// say nothing the user can act on beyond its cause.
+		reason = pe.Err.Error()
+		if pe.Path != state && pe.Path != filepath.Join(state, leasecore.LeasesDir) {
+			reason = pe.Path + ": " + reason
+		}
+	}
+	msg := "cannot read the lease store in " + state + ": " + reason
+	if errors.Is(err, fs.ErrPermission) {
+		msg += " (run as the owner of the state directory or as root, or pick another with --state)"
+	}
+	return &userError{msg: msg, err: err}
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -228,7 +283,7 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
-				return err
+				return storeError(state, err)
 			}
 			defer s.Close()
 			leases, err := s.List(cmd.Context())
@@ -271,7 +326,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 			}
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
-				return err
+				return storeError(state, err)
 			}
 			defer s.Close()
 			leases, err := s.History(cmd.Context(), resource)

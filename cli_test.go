@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/mount"
 )
 
 // result is the outcome of one command line run by [runCLI].
@@ -44,6 +45,24 @@ func tree(t *testing.T, dir string) []string {
 		t.Fatalf("walk %s: %v", dir, err)
 	}
 	return out
+}
+
+// packageNames are package names that must not reach a user's message.
+var packageNames = []string{"leasecore:", "mount:", "fusefs:"}
+
+// wantUserMessage fails unless stderr is free of package names and contains every want.
+func wantUserMessage(t *testing.T, r result, want ...string) {
+	t.Helper()
+	for _, p := range packageNames {
+		if strings.Contains(r.stderr, p) {
+			t.Errorf("stderr names the internal package %q:\n%s", p, r.stderr)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+		}
+	}
 }
 
 // TestNeverServedStateIsEmpty runs ls and history on state directories that no daemon has
@@ -93,6 +112,22 @@ func TestNeverServedStateIsEmpty(t *testing.T) {
 	}
 }
 
+// TestLsUnreadableState runs ls on a state "directory" that is a regular file: the message
+// says which store could not be read and why, without internal package names.
+func TestLsUnreadableState(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.WriteFile(state, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"ls", "history"} {
+		r := runCLI(t, cmd, "--state", state)
+		if r.code != exitError {
+			t.Errorf("leasefs %s on a file: exit %d, want %d; stderr:\n%s", cmd, r.code, exitError, r.stderr)
+		}
+		wantUserMessage(t, r, "leasefs: cannot read the lease store in "+state+": ", "not a directory")
+	}
+}
+
 // TestLsServedState checks that ls still reads a store that a daemon has written.
 func TestLsServedState(t *testing.T) {
 	state := t.TempDir()
@@ -109,24 +144,6 @@ func TestLsServedState(t *testing.T) {
 	r := runCLI(t, "ls", "--state", state)
 	if r.code != exitOK || !strings.Contains(r.stdout, "feature-a") {
 		t.Errorf("ls: exit %d, stdout %q, stderr %q; want feature-a listed", r.code, r.stdout, r.stderr)
-	}
-}
-
-// packageNames are package names that must not reach a user's message.
-var packageNames = []string{"leasecore:", "mount:", "fusefs:"}
-
-// wantUserMessage fails unless stderr is free of package names and contains every want.
-func wantUserMessage(t *testing.T, r result, want ...string) {
-	t.Helper()
-	for _, p := range packageNames {
-		if strings.Contains(r.stderr, p) {
-			t.Errorf("stderr names the internal package %q:\n%s", p, r.stderr)
-		}
-	}
-	for _, w := range want {
-		if !strings.Contains(r.stderr, w) {
-			t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
-		}
 	}
 }
 
@@ -161,4 +178,48 @@ func TestNoArgsPrintsHelp(t *testing.T) {
 	if r.code != exitOK || !strings.Contains(r.stdout, "Available Commands") {
 		t.Errorf("leasefs: exit %d, stdout %q, stderr %q; want help and exit 0", r.code, r.stdout, r.stderr)
 	}
+}
+
+// TestMountBadMountpoint mounts on a missing path and on a regular file: the message names
+// the mountpoint, and nothing is created in the state directory.
+func TestMountBadMountpoint(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		mp, want string
+	}{
+		{filepath.Join(dir, "missing"), "leasefs: mountpoint " + filepath.Join(dir, "missing") + " does not exist"},
+		{file, "leasefs: mountpoint " + file + " is not a directory"},
+	}
+	for _, c := range cases {
+		state := filepath.Join(t.TempDir(), "state")
+		r := runCLI(t, "mount", "--state", state, c.mp)
+		if r.code != exitError {
+			t.Errorf("mount %s: exit %d, want %d; stderr:\n%s", c.mp, r.code, exitError, r.stderr)
+		}
+		wantUserMessage(t, r, c.want)
+		if got := tree(t, state); got != nil {
+			t.Errorf("mount %s created the state directory: %q", c.mp, got)
+		}
+	}
+}
+
+// TestMountStateServed mounts on a state directory whose daemon lock another holder (this
+// test process) has: exit 3, and the message names the holder without package names.
+func TestMountStateServed(t *testing.T) {
+	state := t.TempDir()
+	lock, err := leasecore.AcquireFileLock(filepath.Join(state, mount.DaemonLockName),
+		leasecore.CurrentHolder("leasefs mount /somewhere"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	r := runCLI(t, "mount", "--state", state, t.TempDir())
+	if r.code != exitHeld {
+		t.Errorf("mount on a held state: exit %d, want %d; stderr:\n%s", r.code, exitHeld, r.stderr)
+	}
+	wantUserMessage(t, r, "leasefs: state directory "+state+" is held by leasefs mount /somewhere (pid ")
 }
