@@ -163,7 +163,8 @@ func checkMountpoint(mp string) error {
 // or not a directory (checked before anything is created); a
 // *[leasecore.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
-// [ErrInsideState]; [ErrMounted]; store errors. Run logs "mounted" once the mount is serving.
+// [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
+// mount fails; store errors. Run logs "mounted" once the mount is serving.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -245,6 +246,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	server, err := fuse.NewServer(lfs.RawFileSystem(), mp, &mo)
 	if err != nil {
+		if !root {
+			return newFusermountError(mp, opts.AllowOther, err, systemFuse)
+		}
 		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
 	served := make(chan struct{})
