@@ -1,7 +1,7 @@
-// Package mount runs the lifecycle of one leasefs mount (SPEC §2): the
-// single-daemon lock on the state directory, stale-mount cleanup, the FUSE
-// server (direct mount as root, fusermount3 otherwise), the reaper, and a
-// clean unmount when the context ends.
+// Package mount runs the lifecycle of one leasefs mount (docs/PROTOCOL.md
+// §2): the single-daemon lock on the state directory, stale-mount cleanup,
+// the FUSE server (direct mount as root, fusermount3 otherwise), the reaper,
+// and a clean unmount when the context ends.
 package mount
 
 import (
@@ -26,7 +26,7 @@ import (
 )
 
 // DaemonLockName is the file in the state directory on which the serving
-// daemon holds an exclusive flock(2) (SPEC §2).
+// daemon holds an exclusive flock(2) (docs/PROTOCOL.md §2).
 const DaemonLockName = "leasefs.lock"
 
 // maxWrite is the largest FUSE write request: above [fusefs.MaxPayload], so
@@ -49,7 +49,7 @@ type Options struct {
 	// HistoryKeep and MaxLeasesPerUID: see [leasecore.Options].
 	HistoryKeep     int
 	MaxLeasesPerUID int
-	// AllowOther lets other users use the mount (SPEC §7).
+	// AllowOther lets other users use the mount (docs/PROTOCOL.md §7).
 	AllowOther bool
 	// Logger receives the daemon's log; default slog.Default().
 	Logger *slog.Logger
@@ -76,9 +76,9 @@ const DefaultTakeoverTimeout = 10 * time.Second
 // a handover must start.
 const takeoverPoll = 100 * time.Millisecond
 
-// DefaultStateDir returns the embedded default state directory (SPEC §2):
-// $LEASEFS_STATE; else /var/lib/leasefs for root; else
-// $XDG_STATE_HOME/leasefs; else ~/.local/state/leasefs.
+// DefaultStateDir returns the embedded default state directory
+// (docs/PROTOCOL.md §2): $LEASEFS_STATE; else /var/lib/leasefs for root;
+// else $XDG_STATE_HOME/leasefs; else ~/.local/state/leasefs.
 func DefaultStateDir() string {
 	if d := os.Getenv("LEASEFS_STATE"); d != "" {
 		return d
@@ -98,8 +98,7 @@ func DefaultStateDir() string {
 
 // ErrInsideState is returned by [Run] when the mountpoint and the state
 // directory are nested, or the state directory lies in a leasefs mount: the
-// daemon would serve its own store through itself and deadlock
-// (FUSE-NOTES.md).
+// daemon would serve its own store through itself and deadlock.
 var ErrInsideState = errors.New("mount: mountpoint and state directory must not be inside each other")
 
 // ErrMounted is returned by [Run] when the mountpoint already carries a
@@ -406,9 +405,9 @@ func detach(mp string, root bool) error {
 }
 
 // cleanStale detaches a mount left on mp by a daemon that died: stat fails
-// with ENOTCONN ("transport endpoint is not connected", SPEC §2). The caller
-// holds the state directory's daemon lock, so the dead daemon was ours or
-// served another state directory and is gone either way.
+// with ENOTCONN ("transport endpoint is not connected", docs/PROTOCOL.md
+// §2). The caller holds the state directory's daemon lock, so the dead
+// daemon was ours or served another state directory and is gone either way.
 func cleanStale(mp string, log *slog.Logger) error {
 	_, err := os.Stat(mp)
 	if !errors.Is(err, unix.ENOTCONN) {
