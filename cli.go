@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,24 +34,78 @@ var version = "0.1.0-dev"
 // usageError marks errors in the command line.
 type usageError struct{ error }
 
+// userError is an error described for the user of the command line: msg
+// says what failed and what to do. It wraps the error it describes, so that
+// errors.Is and errors.As still see sentinel and typed errors.
+type userError struct {
+	msg string
+	err error
+}
+
+func (e *userError) Error() string { return e.msg }
+func (e *userError) Unwrap() error { return e.err }
+
 // run executes the leasefs command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "leasefs:", err)
+	fmt.Fprintln(stderr, "leasefs:", message(err))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue):
-		fmt.Fprintln(stderr, "Run 'leasefs --help' for usage.")
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
 	case errors.Is(err, leasecore.ErrLockHeld):
 		return exitHeld
 	}
 	return exitError
+}
+
+// internalPrefixes are the package prefixes of the errors of leasefs's own
+// packages ("leasecore: open store: …"): they mean nothing to a user.
+var internalPrefixes = strings.NewReplacer("leasecore: ", "", "mount: ", "", "fusefs: ", "")
+
+// message renders err for the user: a [userError] or a daemon lock held by
+// another daemon in words of its own, any other error without the package
+// prefixes of leasefs's own packages.
+func message(err error) string {
+	var ue *userError
+	var held *leasecore.HeldError
+	switch {
+	case errors.As(err, &ue):
+		return ue.msg
+	case errors.As(err, &held):
+		msg := "state directory " + filepath.Dir(held.Path) + " is held by " + held.Holder.String()
+		if errors.Is(err, mount.ErrTakeoverTimeout) {
+			return msg + ", which did not hand over within --takeover-timeout"
+		}
+		return msg + "; stop that daemon first, or take over from it with --takeover"
+	}
+	return internalPrefixes.Replace(err.Error())
+}
+
+// storeError describes err, a failure to open the lease store in state for
+// reading.
+func storeError(state string, err error) error {
+	reason := internalPrefixes.Replace(err.Error())
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		// The operation and path of a failure inside the state directory
+		// say nothing the user can act on beyond its cause.
+		reason = pe.Err.Error()
+		if pe.Path != state && pe.Path != filepath.Join(state, leasecore.LeasesDir) {
+			reason = pe.Path + ": " + reason
+		}
+	}
+	msg := "cannot read the lease store in " + state + ": " + reason
+	if errors.Is(err, fs.ErrPermission) {
+		msg += " (run as the owner of the state directory or as root, or pick another with --state)"
+	}
+	return &userError{msg: msg, err: err}
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -58,6 +114,22 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		Short:         "Exclusive writer leases as files: a FUSE lease directory",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Suggest commands within this edit distance of an unknown one.
+		SuggestionsMinimumDistance: 2,
+		// An Args validator of its own makes an unknown command a usage
+		// error; cobra's default reports it as a plain error.
+		Args: func(cmd *cobra.Command, a []string) error {
+			if len(a) == 0 {
+				return nil
+			}
+			msg := fmt.Sprintf("unknown command %q", a[0])
+			if s := cmd.SuggestionsFor(a[0]); len(s) > 0 {
+				msg += " (did you mean " + strings.Join(s, " or ") + "?)"
+			}
+			return usageError{errors.New(msg)}
+		},
+		// Without a command, print the help.
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -66,11 +138,20 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
-// args wraps a cobra argument validator so that its errors are usage errors.
-func args(v cobra.PositionalArgs) cobra.PositionalArgs {
+// noArgs refuses positional arguments with a usage error.
+func noArgs(cmd *cobra.Command, a []string) error {
+	if len(a) > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q: %s takes none", a[0], cmd.CommandPath())}
+	}
+	return nil
+}
+
+// optionalArg returns a validator of at most one positional argument, called
+// name in its usage error.
+func optionalArg(name string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
-		if err := v(cmd, a); err != nil {
-			return usageError{err}
+		if len(a) > 1 {
+			return usageError{fmt.Errorf("too many arguments %q: %s takes at most one %s", a, cmd.CommandPath(), name)}
 		}
 		return nil
 	}
@@ -82,7 +163,15 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
-		Args:  args(cobra.ExactArgs(1)),
+		Args: func(_ *cobra.Command, a []string) error {
+			switch {
+			case len(a) == 0:
+				return usageError{errors.New("missing MOUNTPOINT")}
+			case len(a) > 1:
+				return usageError{fmt.Errorf("want one MOUNTPOINT, got %d arguments: %q", len(a), a)}
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, a []string) error {
 			switch {
 			case opts.LeaseDuration < time.Second:
@@ -152,11 +241,11 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [--state DIR] [--json]",
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
-		Args:  args(cobra.NoArgs),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
-				return err
+				return storeError(state, err)
 			}
 			defer s.Close()
 			leases, err := s.List(cmd.Context())
@@ -191,7 +280,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "history [--state DIR] [RESOURCE] [--json]",
 		Short: "List ended leases, newest first",
-		Args:  args(cobra.MaximumNArgs(1)),
+		Args:  optionalArg("RESOURCE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			resource := ""
 			if len(a) == 1 {
@@ -199,7 +288,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 			}
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
-				return err
+				return storeError(state, err)
 			}
 			defer s.Close()
 			leases, err := s.History(cmd.Context(), resource)
@@ -227,7 +316,7 @@ func newVersionCmd(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print version and build information",
-		Args:  args(cobra.NoArgs),
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(stdout, "leasefs %s\n", version)
 			if bi, ok := debug.ReadBuildInfo(); ok {

@@ -1,5 +1,5 @@
 // Command leasefs mounts exclusive writer leases as files (see README.md and
-// SPEC §8 for the commands).
+// docs/PROTOCOL.md §8 for the commands).
 //
 // Exit codes: 0 success; 1 failure; 2 usage error; 3 the state directory is
 // served by another daemon (the message names it).

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/leasecore"
 )
@@ -338,39 +339,14 @@ func (f *FS) refuse(op, resource string, c caller, errno syscall.Errno, reason a
 	return errno
 }
 
-// errnoName renders errno as its symbolic name, e.g. "EACCES".
+// errnoName renders errno as its symbolic name, e.g. "EACCES", or "errno N"
+// for a number Linux does not define. EWOULDBLOCK is EAGAIN on Linux, and is
+// rendered so.
 func errnoName(e syscall.Errno) string {
-	switch e {
-	case syscall.EEXIST:
-		return "EEXIST"
-	case syscall.EACCES:
-		return "EACCES"
-	case syscall.EPERM:
-		return "EPERM"
-	case syscall.ESTALE:
-		return "ESTALE"
-	case syscall.EINVAL:
-		return "EINVAL"
-	case syscall.ENAMETOOLONG:
-		return "ENAMETOOLONG"
-	case syscall.EFBIG:
-		return "EFBIG"
-	case syscall.ENOTEMPTY:
-		return "ENOTEMPTY"
-	case syscall.EDQUOT:
-		return "EDQUOT"
-	case syscall.ENOENT:
-		return "ENOENT"
-	case syscall.ENOSPC:
-		return "ENOSPC"
-	case syscall.EIO:
-		return "EIO"
-	case syscall.ENOLCK:
-		return "ENOLCK"
-	case syscall.EISDIR:
-		return "EISDIR"
+	if name := unix.ErrnoName(e); name != "" {
+		return name
 	}
-	return e.Error()
+	return fmt.Sprintf("errno %d", int(e))
 }
 
 // fillLeaseAttr sets the attributes of lease l (SPEC §3 stat row).

@@ -40,7 +40,8 @@ func TestMain(m *testing.M) {
 }
 
 // runMain builds the binary into a temporary directory, runs the tests and removes the
-// directory; it returns the process exit code.
+// directory; it returns the process exit code. The binary is built with -race when the tests
+// are, so that a data race in the daemon fails the test that ran it (see [raceReports]).
 func runMain(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "leasefs-bin-")
 	if err != nil {
@@ -48,13 +49,22 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	// Tests run the binary as other uids too.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
 	root, err := moduleRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "integration:", err)
 		return 1
 	}
 	leasefsBin = filepath.Join(dir, "leasefs")
-	build := exec.Command("go", "build", "-o", leasefsBin, ".")
+	args := []string{"build", "-o", leasefsBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: go build in %s: %v\n%s", root, err, out)
@@ -240,6 +250,9 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 			d.shutdown(false)
 		}
 		detach(t, mp)
+		for _, r := range raceReports(d.stderr()) {
+			t.Errorf("the race detector found a data race in leasefs mount (pid %d):\n%s", d.pid, r)
+		}
 	})
 
 	select {
@@ -255,6 +268,32 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 		t.Fatalf("msg=mounted logged but %s is not in /proc/self/mountinfo; stderr:\n%s", mp, d.stderr())
 	}
 	return d
+}
+
+// raceMarker starts each report of the race detector.
+const raceMarker = "WARNING: DATA RACE"
+
+// raceReports returns the race detector's reports in a process's log: each from the
+// "==================" line before its [raceMarker] to the one after.
+func raceReports(log string) []string {
+	const rule = "=================="
+	var out []string
+	for {
+		i := strings.Index(log, raceMarker)
+		if i < 0 {
+			return out
+		}
+		start := strings.LastIndex(log[:i], rule)
+		if start < 0 {
+			start = i
+		}
+		end := len(log)
+		if j := strings.Index(log[i:], rule); j >= 0 {
+			end = i + j + len(rule)
+		}
+		out = append(out, log[start:end])
+		log = log[end:]
+	}
 }
 
 // stderr returns the daemon's stderr so far. It is safe for concurrent use.

@@ -107,8 +107,11 @@ var _ Store = (*FileStore)(nil)
 
 // OpenFileStore opens (creating if needed, mode 0700) the state directory and
 // loads its records. Unless opts.ReadOnly, it ends recorded handle leases as
-// abandoned (their open files died with the previous daemon, SPEC §2) and
-// assigns generations to active records written by the reference store.
+// abandoned (their open files died with the previous daemon, docs/PROTOCOL.md
+// §2) and assigns generations to active records written by the reference
+// store. With opts.ReadOnly, a state directory that was never served (it
+// does not exist, or has no writer-leases directory) is an empty store, and
+// nothing is created (docs/PROTOCOL.md §8).
 // Unreadable or corrupt records are logged and skipped, never fatal.
 // Errors: filesystem errors creating, locking or listing the directory.
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
@@ -142,6 +145,15 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		namespaces: make(map[string]Namespace),
 		waiters:    make(map[string]int),
 		unsynced:   make(map[string]*entry),
+	}
+	if opts.ReadOnly {
+		// Without writer-leases (or without the state directory itself) no
+		// daemon ever wrote here: the store is empty and stays untouched.
+		// Any other failure, such as ENOTDIR or EACCES, is reported by
+		// openFiles.
+		if _, err := os.Stat(s.dir); errors.Is(err, fs.ErrNotExist) {
+			return s, nil
+		}
 	}
 	if err := s.openFiles(); err != nil {
 		s.closeFiles()

@@ -270,9 +270,22 @@ func TestReadOnlyStore(t *testing.T) {
 		}
 	}
 
-	_, err = OpenFileStore(filepath.Join(t.TempDir(), "missing"), Options{Clock: clock, ReadOnly: true, Logger: quietLogger})
-	if err == nil {
-		t.Fatal("read-only open of a missing state directory succeeded")
+	// A state directory that was never served is an empty store, and
+	// reading it creates nothing.
+	missing := filepath.Join(t.TempDir(), "missing")
+	empty, err := OpenFileStore(missing, Options{Clock: clock, ReadOnly: true, Logger: quietLogger})
+	if err != nil {
+		t.Fatalf("read-only open of a missing state directory: %v", err)
+	}
+	if list, err := empty.List(ctx); err != nil || len(list) != 0 {
+		t.Errorf("List of a missing state directory = %+v, %v; want none", list, err)
+	}
+	if hist, err := empty.History(ctx, ""); err != nil || len(hist) != 0 {
+		t.Errorf("History of a missing state directory = %+v, %v; want none", hist, err)
+	}
+	empty.Close()
+	if _, err := os.Lstat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("read-only open created %s (lstat: %v)", missing, err)
 	}
 }
 

@@ -68,7 +68,7 @@ func AbortConnection(mp string) error {
 // abortDyingHolder handles a daemon lock held by a daemon that was killed
 // but cannot exit: a thread of it is blocked in a kernel notification on
 // its own mount, waiting for a request that only it could answer. Aborting
-// its connection frees it (FUSE-NOTES.md). It reports whether it aborted.
+// its connection frees it. It reports whether it aborted.
 func abortDyingHolder(held *leasecore.HeldError, mp string, log *slog.Logger) bool {
 	if held.Holder.PID <= 0 || held.Holder.Host != leasecore.Hostname() || !killPending(held.Holder.PID) {
 		return false

@@ -1,19 +1,21 @@
-// Package mount runs the lifecycle of one leasefs mount (SPEC §2): the
-// single-daemon lock on the state directory, stale-mount cleanup, the FUSE
-// server (direct mount as root, fusermount3 otherwise), the reaper, and a
-// clean unmount when the context ends.
+// Package mount runs the lifecycle of one leasefs mount (docs/PROTOCOL.md
+// §2): the single-daemon lock on the state directory, stale-mount cleanup,
+// the FUSE server (direct mount as root, fusermount3 otherwise), the reaper,
+// and a clean unmount when the context ends.
 package mount
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -24,7 +26,7 @@ import (
 )
 
 // DaemonLockName is the file in the state directory on which the serving
-// daemon holds an exclusive flock(2) (SPEC §2).
+// daemon holds an exclusive flock(2) (docs/PROTOCOL.md §2).
 const DaemonLockName = "leasefs.lock"
 
 // maxWrite is the largest FUSE write request: above [fusefs.MaxPayload], so
@@ -47,7 +49,7 @@ type Options struct {
 	// HistoryKeep and MaxLeasesPerUID: see [leasecore.Options].
 	HistoryKeep     int
 	MaxLeasesPerUID int
-	// AllowOther lets other users use the mount (SPEC §7).
+	// AllowOther lets other users use the mount (docs/PROTOCOL.md §7).
 	AllowOther bool
 	// Logger receives the daemon's log; default slog.Default().
 	Logger *slog.Logger
@@ -74,9 +76,9 @@ const DefaultTakeoverTimeout = 10 * time.Second
 // a handover must start.
 const takeoverPoll = 100 * time.Millisecond
 
-// DefaultStateDir returns the embedded default state directory (SPEC §2):
-// $LEASEFS_STATE; else /var/lib/leasefs for root; else
-// $XDG_STATE_HOME/leasefs; else ~/.local/state/leasefs.
+// DefaultStateDir returns the embedded default state directory
+// (docs/PROTOCOL.md §2): $LEASEFS_STATE; else /var/lib/leasefs for root;
+// else $XDG_STATE_HOME/leasefs; else ~/.local/state/leasefs.
 func DefaultStateDir() string {
 	if d := os.Getenv("LEASEFS_STATE"); d != "" {
 		return d
@@ -96,19 +98,72 @@ func DefaultStateDir() string {
 
 // ErrInsideState is returned by [Run] when the mountpoint and the state
 // directory are nested, or the state directory lies in a leasefs mount: the
-// daemon would serve its own store through itself and deadlock
-// (FUSE-NOTES.md).
+// daemon would serve its own store through itself and deadlock.
 var ErrInsideState = errors.New("mount: mountpoint and state directory must not be inside each other")
 
 // ErrMounted is returned by [Run] when the mountpoint already carries a
 // live leasefs mount: mounting on top would hide it.
 var ErrMounted = errors.New("mount: mountpoint already has a leasefs mount")
 
+// ErrTakeoverTimeout is returned by [Run], wrapped together with the
+// *[leasecore.HeldError] naming the holder, when a daemon asked to hand over
+// (Options.Takeover) has not let go within Options.TakeoverTimeout.
+var ErrTakeoverTimeout = errors.New("mount: takeover timed out")
+
+// MountpointError reports a mountpoint that cannot be mounted on because it
+// does not exist, is not a directory or cannot be examined. It unwraps to
+// the cause: [fs.ErrNotExist], [syscall.ENOTDIR], [fs.ErrPermission]….
+type MountpointError struct {
+	Path string
+	Err  error
+}
+
+// Error says what is wrong with the mountpoint.
+func (e *MountpointError) Error() string {
+	switch {
+	case errors.Is(e.Err, fs.ErrNotExist):
+		return "mount: mountpoint " + e.Path + " does not exist"
+	case errors.Is(e.Err, syscall.ENOTDIR):
+		return "mount: mountpoint " + e.Path + " is not a directory"
+	}
+	var pe *fs.PathError
+	if errors.As(e.Err, &pe) {
+		return "mount: mountpoint " + e.Path + ": " + pe.Err.Error()
+	}
+	return "mount: mountpoint " + e.Path + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *MountpointError) Unwrap() error { return e.Err }
+
+// checkMountpoint checks that mp is a directory. The root of a FUSE mount on
+// mp passes unexamined: its daemon may be stopped or dying and never answer
+// the stat (the caller deals with such a mount once it holds the daemon
+// lock), and so does a mountpoint left by a crashed daemon (ENOTCONN).
+func checkMountpoint(mp string) error {
+	if m, ok := mountedAt(Mounts(), mp); ok && strings.HasPrefix(m.FSType, "fuse") {
+		return nil
+	}
+	st, err := os.Stat(mp)
+	switch {
+	case errors.Is(err, unix.ENOTCONN):
+		return nil
+	case err != nil:
+		return &MountpointError{Path: mp, Err: err}
+	case !st.IsDir():
+		return &MountpointError{Path: mp, Err: syscall.ENOTDIR}
+	}
+	return nil
+}
+
 // Run mounts leasefs on opts.Mountpoint and serves it until ctx is done or
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
-// and returns. Errors: a *[leasecore.HeldError] when another daemon serves
-// the state directory (naming it); [ErrInsideState]; mount and store
-// [ErrMounted]; errors. Run logs "mounted" once the mount is serving.
+// and returns. Errors: a *[MountpointError] when the mountpoint is missing
+// or not a directory (checked before anything is created); a
+// *[leasecore.HeldError] when another daemon serves the state directory
+// (naming it), with [ErrTakeoverTimeout] when it did not hand over;
+// [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
+// mount fails; store errors. Run logs "mounted" once the mount is serving.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -131,8 +186,11 @@ func Run(ctx context.Context, opts Options) error {
 	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
 		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
 	}
+	if err := checkMountpoint(mp); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
-		return fmt.Errorf("mount: create state directory: %w", err)
+		return fmt.Errorf("mount: cannot create the state directory: %w", err)
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
@@ -150,10 +208,8 @@ func Run(ctx context.Context, opts Options) error {
 	if m, ok := mountedAt(Mounts(), mp); ok && m.FSType == fsType {
 		return fmt.Errorf("%w: %s (a live leasefs mount of another state directory; unmount it first)", ErrMounted, mp)
 	}
-	if st, err := os.Stat(mp); err != nil {
-		return fmt.Errorf("mount: %w", err)
-	} else if !st.IsDir() {
-		return fmt.Errorf("mount: %s is not a directory", mp)
+	if err := checkMountpoint(mp); err != nil {
+		return err
 	}
 	// Resolve symlinks only now that a stale mount cannot block the walk.
 	if real, err := filepath.EvalSymlinks(mp); err == nil {
@@ -170,7 +226,7 @@ func Run(ctx context.Context, opts Options) error {
 		Logger:          log,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("mount: cannot open the lease store in %s: %w", state, err)
 	}
 	closeStore := sync.OnceFunc(func() { store.Close() })
 	defer closeStore()
@@ -189,7 +245,10 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	server, err := fuse.NewServer(lfs.RawFileSystem(), mp, &mo)
 	if err != nil {
-		return fmt.Errorf("mount: %s: %w", mp, err)
+		if !root {
+			return newFusermountError(mp, opts.AllowOther, err, systemFuse)
+		}
+		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
 	served := make(chan struct{})
 	go func() {
@@ -198,7 +257,7 @@ func Run(ctx context.Context, opts Options) error {
 	}()
 	if err := server.WaitMount(); err != nil {
 		_ = server.Unmount()
-		return fmt.Errorf("mount: %s: %w", mp, err)
+		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", store.LeaseDuration().String(), "allow_other", opts.AllowOther)
@@ -270,7 +329,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 	if timeout <= 0 {
 		timeout = DefaultTakeoverTimeout
 	}
-	log.Info("asking the running daemon to hand over", "holder", err.Error(), "timeout", timeout.String())
+	log.Info("asking the running daemon to hand over", "holder", held.Holder.String(), "timeout", timeout.String())
 	if werr := leasecore.WriteTakeoverRequest(path, leasecore.LockTakeoverRequest{Requester: me}); werr != nil {
 		return nil, werr
 	}
@@ -285,7 +344,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 			return nil, ctx.Err()
 		case <-deadline.C:
 			_ = leasecore.ClearTakeoverRequest(path)
-			return nil, fmt.Errorf("takeover timed out after %s: %w", timeout, err)
+			return nil, fmt.Errorf("%w after %s: %w", ErrTakeoverTimeout, timeout, err)
 		case <-tick.C:
 		}
 		if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
@@ -346,9 +405,9 @@ func detach(mp string, root bool) error {
 }
 
 // cleanStale detaches a mount left on mp by a daemon that died: stat fails
-// with ENOTCONN ("transport endpoint is not connected", SPEC §2). The caller
-// holds the state directory's daemon lock, so the dead daemon was ours or
-// served another state directory and is gone either way.
+// with ENOTCONN ("transport endpoint is not connected", docs/PROTOCOL.md
+// §2). The caller holds the state directory's daemon lock, so the dead
+// daemon was ours or served another state directory and is gone either way.
 func cleanStale(mp string, log *slog.Logger) error {
 	_, err := os.Stat(mp)
 	if !errors.Is(err, unix.ENOTCONN) {
