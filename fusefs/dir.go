@@ -12,7 +12,7 @@ import (
 )
 
 // dirNode is the root or a namespace directory: mode 01777 (world-writable
-// and sticky, like /tmp, SPEC §7).
+// and sticky, like /tmp, docs/PROTOCOL.md §7).
 type dirNode struct {
 	fs.Inode
 	fsys *FS
@@ -70,7 +70,7 @@ func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrO
 }
 
 // Setattr accepts time changes as no-ops (touch) and refuses mode, owner
-// and size changes with EPERM (SPEC §3).
+// and size changes with EPERM (docs/PROTOCOL.md §3).
 func (d *dirNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE) != 0 {
 		return d.fsys.refuse("setattr", d.path, callerOf(ctx), syscall.EPERM, "namespaces keep mode 01777 and their owner")
@@ -144,7 +144,7 @@ func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	return fs.NewListDirStream(entries), 0
 }
 
-// Create reserves a token lease on name for the caller (SPEC §3); EAGAIN
+// Create reserves a token lease on name for the caller (docs/PROTOCOL.md §3); EAGAIN
 // while the daemon hands over to another (see [FS.Drain]). When the
 // name has a live lease: EEXIST with O_EXCL; otherwise the existing lease is
 // opened and nothing is reserved (EACCES for a non-holder opening it for
@@ -176,7 +176,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	return node, node.Operations().(*leaseNode).newHandle(g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
 }
 
-// Unlink releases the live lease on name as complete (SPEC §3). Errors:
+// Unlink releases the live lease on name as complete (docs/PROTOCOL.md §3). Errors:
 // ENOENT when there is none, EPERM when the caller is neither the holder
 // uid nor root.
 func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -198,7 +198,7 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	return 0
 }
 
-// Mkdir creates namespace name (SPEC §3). Errors: EEXIST, EINVAL,
+// Mkdir creates namespace name (docs/PROTOCOL.md §3). Errors: EEXIST, EINVAL,
 // ENAMETOOLONG, ENOSPC/EIO.
 func (d *dirNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	c := callerOf(ctx)
@@ -225,22 +225,22 @@ func (d *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	return 0
 }
 
-// Rename is refused with EPERM: a lease is bound to its name (SPEC §3).
+// Rename is refused with EPERM: a lease is bound to its name (docs/PROTOCOL.md §3).
 func (d *dirNode) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	return d.fsys.refuse("rename", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "leases cannot be renamed")
 }
 
-// Link is refused with EPERM (SPEC §3).
+// Link is refused with EPERM (docs/PROTOCOL.md §3).
 func (d *dirNode) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return nil, d.fsys.refuse("link", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "leases cannot be linked")
 }
 
-// Symlink is refused with EPERM (SPEC §3).
+// Symlink is refused with EPERM (docs/PROTOCOL.md §3).
 func (d *dirNode) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return nil, d.fsys.refuse("symlink", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "no symlinks in a lease directory")
 }
 
-// Mknod is refused with EPERM (SPEC §3).
+// Mknod is refused with EPERM (docs/PROTOCOL.md §3).
 func (d *dirNode) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	return nil, d.fsys.refuse("mknod", joinResource(d.path, name), callerOf(ctx), syscall.EPERM, "no device or fifo nodes in a lease directory")
 }

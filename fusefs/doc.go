@@ -1,6 +1,6 @@
 // Package fusefs maps the FUSE protocol onto a [leasecore.Store]: every
 // regular file in the mount is one live lease named by its resource, and
-// every directory a namespace (SPEC §3).
+// every directory a namespace (docs/PROTOCOL.md §3).
 //
 // # Nodes
 //
@@ -15,17 +15,17 @@
 //
 // A lease node's inode number is derived from the lease's generation, so it
 // is never reused, and a handle is bound to the lease id it was opened on:
-// once that lease ends the handle answers ESTALE (SPEC §3).
+// once that lease ends the handle answers ESTALE (docs/PROTOCOL.md §3).
 //
 // # Invalidations
 //
 // Kernel notifications (NotifyDelete) are sent only from the goroutine of
 // [FS.Run], never inside a FUSE handler and with no lock held, because a
-// notification sent from a handler deadlocks the kernel (FUSE-NOTES.md).
+// notification sent from a handler deadlocks the kernel (docs/ARCHITECTURE.md, kernel facts).
 //
 // # Errors
 //
-// errno.go maps leasecore errors to errno in one place (SPEC §9); every
+// errno.go maps leasecore errors to errno in one place (docs/PROTOCOL.md §9); every
 // refusal is logged as one line naming the operation, resource, caller and
 // reason.
 package fusefs

@@ -11,7 +11,7 @@ import (
 // (see [FS.Drain]); it maps to EAGAIN.
 var errDraining = errors.New("fusefs: daemon is handing over")
 
-// toErrno maps a store error to the errno of SPEC §9. A store that cannot
+// toErrno maps a store error to the errno of docs/PROTOCOL.md §9. A store that cannot
 // persist a change answers ENOSPC when the disk is full (or over its quota:
 // EDQUOT is reserved for the per-uid lease limit) and EIO otherwise.
 func toErrno(err error) syscall.Errno {

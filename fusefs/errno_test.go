@@ -41,7 +41,7 @@ func TestToErrno(t *testing.T) {
 		{"persist ENOSPC", persist(syscall.ENOSPC), syscall.ENOSPC},
 		{"persist ENOSPC wrapped", wrap(persist(fmt.Errorf("sync: %w", syscall.ENOSPC))), syscall.ENOSPC},
 		// A full disk quota is "no space" to the caller: EDQUOT is kept
-		// for the per-uid lease quota of SPEC §7.
+		// for the per-uid lease quota of docs/PROTOCOL.md §7.
 		{"persist EDQUOT", persist(syscall.EDQUOT), syscall.ENOSPC},
 		{"persist EIO", persist(syscall.EIO), syscall.EIO},
 		{"persist EROFS", persist(syscall.EROFS), syscall.EIO},

@@ -49,13 +49,13 @@ type FS struct {
 	root    *dirNode
 
 	mu      sync.Mutex
-	tokens  map[string]string // lease id → token not yet revealed (SPEC §3)
+	tokens  map[string]string // lease id → token not yet revealed (docs/PROTOCOL.md §3)
 	dirInos map[string]uint64 // namespace path → inode number
 	nextIno uint64
 
 	// queues holds the blocked lock waiters of each resource, first come
 	// first served; wakes the channel closed when a lease on the resource
-	// ends or its queue moves (SPEC §6).
+	// ends or its queue moves (docs/PROTOCOL.md §6).
 	queues map[string][]*waiter
 	wakes  map[string]chan struct{}
 	// posix maps an fcntl lock owner on one inode to the lease it holds.
@@ -101,7 +101,7 @@ func New(store leasecore.Store, opts Options) *FS {
 
 // RawFileSystem returns the FUSE protocol server of the tree, with entry,
 // attribute and negative timeouts of zero so that every path walk asks the
-// daemon and out-of-band changes are seen at once (FUSE-NOTES.md).
+// daemon and out-of-band changes are seen at once (docs/ARCHITECTURE.md, kernel facts).
 func (f *FS) RawFileSystem() fuse.RawFileSystem {
 	zero := time.Duration(0)
 	return &rawFS{RawFileSystem: fs.NewNodeFS(f.root, &fs.Options{
@@ -257,7 +257,7 @@ func (f *FS) dropDirIno(path string) {
 }
 
 // leaseIno is the inode number of lease l: fixed for the lease, never
-// reused, since generations strictly increase (SPEC §1, §3).
+// reused, since generations strictly increase (docs/PROTOCOL.md §1, §3).
 func leaseIno(l leasecore.Lease) uint64 { return leaseInoBase + l.Generation }
 
 // splitResource splits "a/b/c" into ("a/b", "c").
@@ -287,7 +287,7 @@ type caller struct {
 }
 
 // callerOf returns the caller of the request in ctx. FUSE reports the
-// calling thread; it is mapped to its process (FUSE-NOTES.md).
+// calling thread; it is mapped to its process (docs/ARCHITECTURE.md, kernel facts).
 func callerOf(ctx context.Context) caller {
 	c, ok := fuse.FromContext(ctx)
 	if !ok {
@@ -321,7 +321,7 @@ func (f *FS) reserve(ctx context.Context, resource string, c caller) (leasecore.
 }
 
 // mayHold reports whether c may act as the holder of l: the holder uid or
-// root (SPEC §7).
+// root (docs/PROTOCOL.md §7).
 func (c caller) mayHold(l leasecore.Lease) bool { return c.uid == 0 || c.uid == l.HolderUID }
 
 // maxLogReason bounds the reason in a refusal's log line, so that hostile
@@ -349,7 +349,7 @@ func errnoName(e syscall.Errno) string {
 	return fmt.Sprintf("errno %d", int(e))
 }
 
-// fillLeaseAttr sets the attributes of lease l (SPEC §3 stat row).
+// fillLeaseAttr sets the attributes of lease l (docs/PROTOCOL.md §3 stat row).
 func (f *FS) fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
 	a.Ino = leaseIno(l)
 	a.Mode = syscall.S_IFREG | 0o644

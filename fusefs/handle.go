@@ -13,7 +13,7 @@ import (
 )
 
 // leaseHandle is one open file description of a lease file, bound to the
-// lease it was opened on (SPEC §3).
+// lease it was opened on (docs/PROTOCOL.md §3).
 type leaseHandle struct {
 	fsys     *FS
 	node     *leaseNode // the inode the file was opened on
@@ -21,11 +21,11 @@ type leaseHandle struct {
 
 	mu sync.Mutex
 	// id is the lease this open file refers to. It changes only when a
-	// flock or fcntl lock acquires the name for this open file (SPEC §6).
+	// flock or fcntl lock acquires the name for this open file (docs/PROTOCOL.md §6).
 	id string
 	// reserved is true for the handle whose create reserved the lease;
 	// authenticated once a write on it presented the lease's token. Either
-	// makes this open file a credential that a lock may bind (SPEC §6).
+	// makes this open file a credential that a lock may bind (docs/PROTOCOL.md §6).
 	reserved, authenticated bool
 	// bound is true while this open file holds its lease by flock: the
 	// lease ends when the lock is released or the open file is.
@@ -83,7 +83,7 @@ func (h *leaseHandle) live(ctx context.Context) (leasecore.Lease, syscall.Errno)
 
 // Read returns, for the first read after the reservation by the holder uid
 // (or root), exactly the token and a newline; otherwise the status document
-// (SPEC §3, §4.1). Errors: ESTALE once the handle's lease has ended.
+// (docs/PROTOCOL.md §3, §4.1). Errors: ESTALE once the handle's lease has ended.
 func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	c := callerOf(ctx)
 	l, errno := h.live(ctx)
@@ -112,7 +112,7 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 	return fuse.ReadResultData(h.snap[off:end]), 0
 }
 
-// Write carries one command (SPEC §4.2): a token renews, a TOML command
+// Write carries one command (docs/PROTOCOL.md §4.2): a token renews, a TOML command
 // renews with annotations, completes, abandons or requests a takeover.
 // Errors: EFBIG over [MaxPayload]; EINVAL for a malformed payload; ESTALE
 // when the handle's lease has ended; EACCES for a wrong token or a caller
@@ -161,7 +161,7 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 }
 
 // Flush does nothing: FLUSH comes for every close() of every descriptor and
-// never ends a lease (FUSE-NOTES.md, SPEC §6).
+// never ends a lease (docs/ARCHITECTURE.md, kernel facts, docs/PROTOCOL.md §6).
 func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 
 // Fsync does nothing: every change is durable before its write returns.
@@ -170,7 +170,7 @@ func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { r
 // Release ends the handle lease bound to this open file by flock, or by an
 // fcntl lock taken through it that its owner has not released yet, as
 // complete: RELEASE comes once, when the last descriptor of the open file
-// is closed, including by the kernel when the holder dies (SPEC §6).
+// is closed, including by the kernel when the holder dies (docs/PROTOCOL.md §6).
 // Token leases are not touched.
 func (h *leaseHandle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()

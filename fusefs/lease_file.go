@@ -14,12 +14,12 @@ import (
 )
 
 // XattrPrefix prefixes the extended attributes that expose the status
-// fields, e.g. "user.lease.status" (SPEC §3).
+// fields, e.g. "user.lease.status" (docs/PROTOCOL.md §3).
 const XattrPrefix = "user.lease."
 
 // leaseNode is the inode of one lease. It holds only the lease id: the
 // state lives in the store. Once the lease ends the node answers ESTALE, and
-// the kernel looks the name up again (FUSE-NOTES.md).
+// the kernel looks the name up again (docs/ARCHITECTURE.md, kernel facts).
 type leaseNode struct {
 	fs.Inode
 	fsys     *FS
@@ -28,7 +28,7 @@ type leaseNode struct {
 
 	mu sync.Mutex
 	// handles are the open files of this inode, which a granted lock may
-	// have re-bound to a newer lease of the name (SPEC §6).
+	// have re-bound to a newer lease of the name (docs/PROTOCOL.md §6).
 	handles map[*leaseHandle]struct{}
 }
 
@@ -81,7 +81,7 @@ func (n *leaseNode) current(ctx context.Context) (leasecore.Lease, syscall.Errno
 	return l, syscall.ESTALE
 }
 
-// Getattr returns the lease's attributes (SPEC §3 stat row); ESTALE once it
+// Getattr returns the lease's attributes (docs/PROTOCOL.md §3 stat row); ESTALE once it
 // has ended, unless an open file of the inode was re-bound (see current);
 // st_ino stays the inode's.
 func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -130,7 +130,7 @@ func (n *leaseNode) opening(ctx context.Context, l *leasecore.Lease) syscall.Err
 
 // Setattr accepts truncation to zero (O_TRUNC) and time changes (touch) from
 // the holder uid or root as no-ops; any other change, or any change by
-// another uid, is refused with EPERM (SPEC §3).
+// another uid, is refused with EPERM (docs/PROTOCOL.md §3).
 func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	c := callerOf(ctx)
 	l, errno := n.live(ctx)
@@ -228,7 +228,7 @@ func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {
 	return "", false
 }
 
-// Getxattr returns status field "user.lease.<field>" (SPEC §3). Errors:
+// Getxattr returns status field "user.lease.<field>" (docs/PROTOCOL.md §3). Errors:
 // ENODATA for unknown names, ERANGE when dest is too small, ESTALE once the
 // lease has ended.
 func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {

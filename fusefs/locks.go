@@ -42,7 +42,7 @@ type lockRequest struct {
 
 // Getlk answers fcntl(F_GETLK): the holder of a live lease on the name,
 // unless it is the asking lock owner, is reported as a whole-file write
-// lock with the holder's pid (SPEC §6).
+// lock with the holder's pid (docs/PROTOCOL.md §6).
 func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
 	*out = fuse.FileLock{Typ: syscall.F_UNLCK}
 	l, err := h.fsys.store.Live(ctx, h.resource)
@@ -158,7 +158,7 @@ func (h *leaseHandle) unlock(req lockRequest) {
 }
 
 // lock binds the handle's own lease when this open file is its credential,
-// or acquires the name for this open file (SPEC §6).
+// or acquires the name for this open file (docs/PROTOCOL.md §6).
 func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) syscall.Errno {
 	f := h.fsys
 	h.mu.Lock()

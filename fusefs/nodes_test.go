@@ -106,7 +106,7 @@ func TestRootReadsToken(t *testing.T) {
 
 // TestTokenOnlyAtOffsetZero: a first read at a non-zero offset (pread) must
 // not consume the token while returning only a fragment of it, or the
-// holder loses the token for good (SPEC §3: "returns exactly the token and
+// holder loses the token for good (docs/PROTOCOL.md §3: "returns exactly the token and
 // a newline, once").
 func TestTokenOnlyAtOffsetZero(t *testing.T) {
 	e := newEnv(t, leasecore.Options{})
@@ -220,7 +220,7 @@ func TestCreateErrors(t *testing.T) {
 
 // TestCreateIgnoresSpuriousInterrupt: go-fuse cancels a request's context
 // when the kernel sends INTERRUPT, which Go clients cause spuriously
-// (FUSE-NOTES.md: honour cancellation only where the daemon really blocks).
+// (docs/ARCHITECTURE.md, kernel facts: honour cancellation only where the daemon really blocks).
 // A reservation and a renewal do not block, so they must not fail, and
 // never with EIO.
 func TestCreateIgnoresSpuriousInterrupt(t *testing.T) {

@@ -12,11 +12,11 @@ import (
 	"github.com/leasefs/leasefs/leasecore"
 )
 
-// MaxPayload is the largest write payload accepted, in bytes (SPEC §3);
+// MaxPayload is the largest write payload accepted, in bytes (docs/PROTOCOL.md §3);
 // larger writes fail with EFBIG.
 const MaxPayload = 64 << 10
 
-// Actions of a write payload (SPEC §4.2).
+// Actions of a write payload (docs/PROTOCOL.md §4.2).
 const (
 	actionRenew    = "renew"
 	actionComplete = "complete"
@@ -68,7 +68,7 @@ func checkCommandShape(text string) error {
 }
 
 // parsePayload parses one write() payload: a bare token line (renew), the
-// bare word "takeover", or a TOML command document (SPEC §4.2). A trailing
+// bare word "takeover", or a TOML command document (docs/PROTOCOL.md §4.2). A trailing
 // newline is optional. Errors wrap errBadPayload (EINVAL); the payload size
 // is checked by the caller. It never panics on any input.
 func parsePayload(p []byte) (command, error) {

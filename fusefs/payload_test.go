@@ -132,7 +132,7 @@ func TestParsePayloadErrors(t *testing.T) {
 }
 
 // TestParsePayloadErrorHidesToken checks that a refused payload's error,
-// which is logged, never repeats the token it carried (SPEC §4.3: the
+// which is logged, never repeats the token it carried (docs/PROTOCOL.md §4.3: the
 // plaintext token is never written to logs or errors).
 func TestParsePayloadErrorHidesToken(t *testing.T) {
 	for _, p := range []string{

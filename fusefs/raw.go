@@ -5,7 +5,7 @@ import (
 )
 
 // rawFS wraps the node tree's protocol server to see what go-fuse's fs API
-// hides (FUSE-NOTES.md): the FUSE node id of an fcntl lock request, and the
+// hides (docs/ARCHITECTURE.md, kernel facts): the FUSE node id of an fcntl lock request, and the
 // lock owner of FLUSH. POSIX locks belong to a process and a file; the
 // kernel sends no unlock when the process closes the file, only FLUSH with
 // the lock owner, so an fcntl handle lease ends on the owner's FLUSH of that

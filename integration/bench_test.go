@@ -32,7 +32,7 @@ sys.stdin.read()
 `
 
 // BenchmarkKillToGrant measures how long a blocked flock waiter waits for the name after its
-// holder is SIGKILLed (SPEC §6: "its successor can take it at once"): per iteration a python3
+// holder is SIGKILLed (docs/PROTOCOL.md §6: "its successor can take it at once"): per iteration a python3
 // holder flocks m/k, a python3 successor blocks in flock on it (checked through the status
 // document's waiters count), and the clock runs from just before the SIGKILL until the
 // successor's "got" line arrives on its stdout pipe. It reports the median and the 99th

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Handle leases (SPEC §6): flock(2) and whole-file fcntl/lockf write locks on lease files,
+// Handle leases (docs/PROTOCOL.md §6): flock(2) and whole-file fcntl/lockf write locks on lease files,
 // driven by flock(1), bash and python3 clients.
 
 // holdTimeout bounds every wait for a background client to report that it holds or got a lock.
@@ -666,7 +666,7 @@ out("locked", "ok")
 
 // TestPosixLockOnTokenLease binds a token lease, reserved by a shell, with lockf from another
 // process that presents the token: the lease becomes a handle lease, and F_GETLK from a third
-// process reports the locking process (SPEC §6: "fcntl(F_GETLK) reports the holder's pid").
+// process reports the locking process (docs/PROTOCOL.md §6: "fcntl(F_GETLK) reports the holder's pid").
 func TestPosixLockOnTokenLease(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
@@ -832,7 +832,7 @@ sys.stdin.read()
 }
 
 // TestGrantedWaiterDescriptor checks the descriptor of a blocked flock waiter once it is
-// granted the name: SPEC §6 re-binds that open file to the granted lease, so it reads the new
+// granted the name: docs/PROTOCOL.md §6 re-binds that open file to the granted lease, so it reads the new
 // lease's status document, and fstat and fgetxattr on it describe the new lease. Its st_ino
 // stays the inode it was opened on (the kernel keeps an open file's inode; every lease has an
 // inode of its own), as documented in README.
@@ -882,7 +882,7 @@ sys.stdin.read()
 
 // TestOFDLock checks open file description locks (fcntl F_OFD_SETLK, Linux): they belong to
 // the open file, not to the process, so a handle lease made by one must end when that open
-// file is closed (SPEC §6: never a lock the daemon cannot honour exactly); refusing them with
+// file is closed (docs/PROTOCOL.md §6: never a lock the daemon cannot honour exactly); refusing them with
 // ENOLCK is the alternative the spec allows.
 func TestOFDLock(t *testing.T) {
 	t.Parallel()

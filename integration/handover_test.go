@@ -14,7 +14,7 @@ import (
 )
 
 // Daemon handover (`leasefs mount --takeover`) and handle leases across daemon restarts
-// (SPEC §2: recorded handle leases are ended as abandoned when a daemon starts).
+// (docs/PROTOCOL.md §2: recorded handle leases are ended as abandoned when a daemon starts).
 
 // mountResult is the outcome of a `leasefs mount` that is expected to give up.
 type mountResult struct {

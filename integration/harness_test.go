@@ -201,8 +201,12 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	if mp == "" {
 		mp = t.TempDir()
 	}
-	if real, err := filepath.EvalSymlinks(mp); err == nil {
-		mp = real // mountinfo shows resolved paths
+	// mountinfo shows resolved paths. Only the parent is resolved: the
+	// mountpoint itself may still carry the mount of a killed daemon stuck
+	// in the kernel, where a stat would hang until its connection is
+	// aborted (which the new daemon does).
+	if real, err := filepath.EvalSymlinks(filepath.Dir(mp)); err == nil {
+		mp = filepath.Join(real, filepath.Base(mp))
 	}
 	state := opts.state
 	if state == "" {

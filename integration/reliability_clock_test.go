@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// Clock (issue 4, part 6): wall-clock steps of ±1 h while the daemon runs must neither expire
-// nor extend a lease (SPEC §5).
+// Clock: wall-clock steps of ±1 h while the daemon runs must neither expire
+// nor extend a lease (docs/PROTOCOL.md §5).
 //
 // There is no safe way to step the wall clock of one real daemon process: a Linux time
 // namespace (unshare --time) offsets only CLOCK_MONOTONIC and CLOCK_BOOTTIME, never

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Disk faults (issue 4, part 3): the state directory sits on a small tmpfs under a running
+// Disk faults: the state directory sits on a small tmpfs under a running
 // daemon, which the tests fill to ENOSPC or make read-only. Every change must then fail with
 // ENOSPC or EIO from the syscall itself and change nothing, on disk or in what the mount
 // shows; reads must keep working; and everything must work again once the fault is gone.

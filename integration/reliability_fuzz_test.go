@@ -11,7 +11,7 @@ import (
 )
 
 // fuzzTargets are the project's go test -fuzz targets: the write-payload
-// parser, the record loader and name validation (issue 4, part 4).
+// parser, the record loader and name validation.
 var fuzzTargets = []struct{ pkg, name string }{
 	{"./fusefs", "FuzzParsePayload"},
 	{"./leasecore", "FuzzDecodeRecord"},

@@ -217,7 +217,7 @@ func daemonGone(result string) bool {
 	return false
 }
 
-// expectedResult reports whether result is documented for o (SPEC §3, §6,
+// expectedResult reports whether result is documented for o (docs/PROTOCOL.md §3, §6,
 // §9). In a crash run, operations may also fail because the daemon died
 // (ENOTCONN) or the mountpoint was not mounted yet (ENOENT: the namespace is
 // missing from the bare directory).
@@ -386,7 +386,7 @@ func (h *opHistory) checkOverlap(r *checkReport) {
 
 // checkGenerations: every lease is granted once, with its own generation, and
 // an acquire that starts after another returned gets a larger generation, on
-// any name (SPEC §1: strictly increasing across all leases of a store).
+// any name (docs/PROTOCOL.md §1: strictly increasing across all leases of a store).
 func (h *opHistory) checkGenerations(r *checkReport) {
 	var acqs []*histOp
 	byLease := map[string]*histOp{}

@@ -16,7 +16,7 @@ import (
 
 // This file inspects the state directory of the crash torture
 // (TestReliabilityDaemonCrash) black-box: the record files as the reference
-// store's field names describe them (SPEC §4.3), and `leasefs ls`/`history`.
+// store's field names describe them (docs/PROTOCOL.md §4.3), and `leasefs ls`/`history`.
 
 // stateRecord is the part of a record file the checks read.
 type stateRecord struct {
@@ -170,7 +170,7 @@ func (sc *stateChecker) plantTempFile() string {
 	return p
 }
 
-// relLeasesDir is the records directory of a state directory (SPEC §4.3).
+// relLeasesDir is the records directory of a state directory (docs/PROTOCOL.md §4.3).
 const relLeasesDir = "writer-leases"
 
 // parseRecord checks one record version and remembers it.

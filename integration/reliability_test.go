@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The reliability suite (issue 4, parts 1 and 2). Run it with
+// The reliability suite. Run it with
 //
 //	LEASEFS_REQUIRE_FUSE=1 LEASEFS_REPORT=$PWD/RELIABILITY.md go test -count=1 -timeout 20m -run Reliability -v ./integration/
 //

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Other users (issue 4, part 5): with --allow-other, uid 65534 (nobody) attacks root's leases
+// Other users: with --allow-other, uid 65534 (nobody) attacks root's leases
 // through the mount and the state directory, and a process of the holder's own uid that lacks
 // the token brute-forces it. This extends TestOtherUID (status readable, write/unlink refused,
 // an unread token not revealed) and TestFlockOtherUID (flock on a handle lease) without
@@ -431,7 +431,7 @@ func mustJSON(t testing.TB, v any) string {
 	return string(b)
 }
 
-// testStateDirModes checks SPEC §7: the state directory and the leases directory are 0700,
+// testStateDirModes checks docs/PROTOCOL.md §7: the state directory and the leases directory are 0700,
 // records and every other file 0600 (no group or other access at all), all owned by the
 // daemon's uid, after leases of two uids and a namespace were created.
 func testStateDirModes(t *testing.T, tl *outcomeTally) {

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestExpiryRaisesDeleteSelf checks SPEC §6a: a lease that the daemon itself
+// TestExpiryRaisesDeleteSelf checks docs/PROTOCOL.md §6a: a lease that the daemon itself
 // ends (here: heartbeat expiry, found by the reaper) is removed from the
 // kernel's view at once, so a watch on the lease file reports IN_DELETE_SELF
 // without anyone touching the name.

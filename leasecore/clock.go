@@ -8,7 +8,7 @@ import (
 // Clock is the time source of a store. Now gives wall-clock time for records
 // and people; Mono gives a monotonic reading (elapsed time since an arbitrary
 // origin) that never jumps, used to measure heartbeat age while the store
-// runs (SPEC §5). Implementations must be safe for concurrent use.
+// runs (docs/PROTOCOL.md §5). Implementations must be safe for concurrent use.
 type Clock interface {
 	// Now returns the current wall-clock time.
 	Now() time.Time

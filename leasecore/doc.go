@@ -6,17 +6,17 @@
 // # Model
 //
 // A resource (a slash-separated path such as "feature/a") has at most one live
-// lease at a time (SPEC §1). A lease is granted by [Store.Reserve], which
+// lease at a time (docs/PROTOCOL.md §1). A lease is granted by [Store.Reserve], which
 // returns its bearer token exactly once; the token renews the lease
 // ([Store.Renew]) and releases it ([Store.Release]). A token lease dies when its
 // heartbeat is older than the lease duration, when a recorded holder process is
-// gone, or when the machine has rebooted since it was granted (SPEC §5). Dead
+// gone, or when the machine has rebooted since it was granted (docs/PROTOCOL.md §5). Dead
 // leases are ended as [StatusAbandoned] on access and by [Store.Reap].
 //
 // # Records
 //
 // The file store ([OpenFileStore]) keeps one record per lease in
-// <state>/writer-leases/<lease-id>.toml with the field names of SPEC §4.3. Every
+// <state>/writer-leases/<lease-id>.toml with the field names of docs/PROTOCOL.md §4.3. Every
 // change is written to a temporary file, fsynced, renamed over the record and
 // the directory fsynced before the call returns. Mutations are serialised
 // across processes by an exclusive flock(2) on <state>/writer-leases/.lock;
@@ -27,7 +27,7 @@
 //
 // Wall-clock times are recorded for people and for other processes; expiry
 // inside a running store is measured on the monotonic clock of the injected
-// [Clock], so wall-clock steps neither expire nor extend a lease (SPEC §5).
+// [Clock], so wall-clock steps neither expire nor extend a lease (docs/PROTOCOL.md §5).
 //
 // # Single-daemon lock
 //

@@ -18,7 +18,7 @@ var (
 	// ErrInactive: the lease has ended (complete or abandoned).
 	ErrInactive = errors.New("leasecore: lease inactive")
 	// ErrInvalidName: a resource or namespace name breaks the naming rules of
-	// SPEC §3 (1–255 bytes of valid UTF-8 per component, no NUL or "/").
+	// docs/PROTOCOL.md §3 (1–255 bytes of valid UTF-8 per component, no NUL or "/").
 	ErrInvalidName = errors.New("leasecore: invalid name")
 	// ErrNameTooLong: a name component is longer than 255 bytes.
 	ErrNameTooLong = errors.New("leasecore: name too long")
@@ -27,7 +27,7 @@ var (
 	// ErrInvalidArgument: an annotation or status is malformed.
 	ErrInvalidArgument = errors.New("leasecore: invalid argument")
 	// ErrQuota: the holder uid already holds the maximum number of live
-	// leases (SPEC §7, --max-leases-per-uid).
+	// leases (docs/PROTOCOL.md §7, --max-leases-per-uid).
 	ErrQuota = errors.New("leasecore: lease quota exceeded")
 	// ErrNoNamespace: the parent namespace of a resource does not exist.
 	ErrNoNamespace = errors.New("leasecore: namespace does not exist")

@@ -55,7 +55,7 @@ pid = 42
 	})
 }
 
-// FuzzValidateResource checks the naming rules of SPEC §3 on any input:
+// FuzzValidateResource checks the naming rules of docs/PROTOCOL.md §3 on any input:
 // no panic, every refusal is ErrInvalidName or ErrNameTooLong, and every
 // accepted resource is valid UTF-8 with 1–255-byte components.
 func FuzzValidateResource(f *testing.F) {

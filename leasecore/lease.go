@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Status is the lifecycle state of a lease (SPEC §4.1).
+// Status is the lifecycle state of a lease (docs/PROTOCOL.md §4.1).
 type Status string
 
 // Lease statuses. Only [StatusActive] leases can be live.
@@ -15,7 +15,7 @@ const (
 	StatusAbandoned Status = "abandoned"
 )
 
-// Mode says what keeps a lease alive (SPEC §1).
+// Mode says what keeps a lease alive (docs/PROTOCOL.md §1).
 type Mode string
 
 // Lease modes.
@@ -23,17 +23,17 @@ const (
 	// ModeToken leases live while their holder writes its token at least
 	// once per lease duration.
 	ModeToken Mode = "token"
-	// ModeHandle leases live exactly as long as one open file (SPEC §6).
+	// ModeHandle leases live exactly as long as one open file (docs/PROTOCOL.md §6).
 	ModeHandle Mode = "handle"
 )
 
-// DefaultLeaseDuration is the heartbeat TTL of token leases (SPEC §1).
+// DefaultLeaseDuration is the heartbeat TTL of token leases (docs/PROTOCOL.md §1).
 const DefaultLeaseDuration = 5 * time.Minute
 
-// DefaultHistoryKeep is the number of ended records kept (SPEC §4.3).
+// DefaultHistoryKeep is the number of ended records kept (docs/PROTOCOL.md §4.3).
 const DefaultHistoryKeep = 10000
 
-// DefaultMaxLeasesPerUID is the per-uid limit on live leases (SPEC §7).
+// DefaultMaxLeasesPerUID is the per-uid limit on live leases (docs/PROTOCOL.md §7).
 const DefaultMaxLeasesPerUID = 10000
 
 // Annotations are holder-supplied fields of a lease, keyed by field name:
@@ -111,20 +111,20 @@ type Draft struct {
 }
 
 // Grant is a reserved lease and its bearer token. The token exists only in
-// this value: the store keeps its hash (SPEC §1).
+// this value: the store keeps its hash (docs/PROTOCOL.md §1).
 type Grant struct {
 	Lease Lease
 	Token string
 }
 
 // TakeoverRequest is a request, by someone who does not hold the token, that
-// the holder give the lease up (SPEC §4.2). It changes nothing else.
+// the holder give the lease up (docs/PROTOCOL.md §4.2). It changes nothing else.
 type TakeoverRequest struct {
 	By     string // who asks, e.g. "uid 1000 pid 4242"
 	Reason string // free text, at most 1 KiB
 }
 
-// Namespace is a persistent directory of resources (SPEC §3).
+// Namespace is a persistent directory of resources (docs/PROTOCOL.md §3).
 type Namespace struct {
 	Path      string // "" is the root
 	UID       uint32 // creator
@@ -145,7 +145,7 @@ type Store interface {
 	// *PersistError.
 	Reserve(ctx context.Context, d Draft) (Grant, error)
 	// Live returns the live lease on resource, ending it first if it is
-	// dead (SPEC §5). Errors: ErrNotFound.
+	// dead (docs/PROTOCOL.md §5). Errors: ErrNotFound.
 	Live(ctx context.Context, resource string) (Lease, error)
 	// Load returns the lease with that id in any status, applying the
 	// liveness rules to an active one. Errors: ErrInvalidID, ErrNotFound.
@@ -162,7 +162,7 @@ type Store interface {
 	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
 	End(ctx context.Context, id string, status Status) (Lease, error)
 	// Bind turns live lease id into a handle lease held by process
-	// holderPID (SPEC §6): mode handle, no expiry by time; it then ends only
+	// holderPID (docs/PROTOCOL.md §6): mode handle, no expiry by time; it then ends only
 	// by [Store.End] or [Store.Release]. Binding a handle lease again is a
 	// no-op. Errors: ErrNotFound, ErrInactive, *PersistError.
 	Bind(ctx context.Context, id string, holderPID int) (Lease, error)

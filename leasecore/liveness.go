@@ -46,7 +46,7 @@ func ProcessStartTicks(pid int) (ticks uint64, ok bool) {
 // processGone reports whether the process recorded as (pid, startTicks) is
 // certainly gone: no process has that pid, or the pid now belongs to a
 // process that started at another time (reuse). startTicks 0 (unknown, e.g.
-// a record of the reference store) checks existence only. SPEC §5 rule 2.
+// a record of the reference store) checks existence only. docs/PROTOCOL.md §5 rule 2.
 func processGone(pid int, startTicks uint64) bool {
 	if pid <= 0 {
 		return false

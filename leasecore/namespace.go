@@ -130,7 +130,7 @@ func (s *FileStore) Namespace(ctx context.Context, path string) (Namespace, erro
 
 // Mkdir creates namespace path; see [Store.Mkdir]. A uid may own at most
 // Options.MaxLeasesPerUID namespaces (ErrQuota), so that one user cannot
-// exhaust the store (SPEC §7).
+// exhaust the store (docs/PROTOCOL.md §7).
 func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error) {
 	if err := ValidateResource(path); err != nil {
 		return Namespace{}, err

@@ -158,7 +158,7 @@ func TestReferenceRecordWithOldHeartbeatIsDead(t *testing.T) {
 }
 
 // A record written by leasecore must load in the reference store: every
-// reference field present with the reference type (SPEC §4.3).
+// reference field present with the reference type (docs/PROTOCOL.md §4.3).
 func TestRecordHasReferenceFields(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newStore(t, Options{})

@@ -7,7 +7,7 @@ import (
 )
 
 // statusTime renders t as a TOML datetime with millisecond precision in UTC,
-// e.g. 2026-11-30T02:00:00.000Z (SPEC §4.1).
+// e.g. 2026-11-30T02:00:00.000Z (docs/PROTOCOL.md §4.1).
 func statusTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
 
 // QuoteTOML renders s as a TOML basic string: quotes, backslashes and

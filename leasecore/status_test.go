@@ -11,7 +11,7 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// requiredKeys are the status document keys of SPEC §4.1 that every token
+// requiredKeys are the status document keys of docs/PROTOCOL.md §4.1 that every token
 // lease shows, in order.
 var requiredKeys = []string{
 	"resource", "lease_id", "status", "mode", "generation", "holder_uid",
@@ -50,7 +50,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 	g := reserve(t, s, "feature-a")
 	doc := StatusDocument(g.Lease)
 	keys := docKeys(t, doc)
-	// boot_id is recorded at reserve (SPEC §5 rule 3) and is optional.
+	// boot_id is recorded at reserve (docs/PROTOCOL.md §5 rule 3) and is optional.
 	want := slices.Clone(requiredKeys)
 	if BootID() != "" {
 		want = append(want, "boot_id")

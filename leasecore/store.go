@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Layout of a state directory (SPEC §2, §4.3).
+// Layout of a state directory (docs/PROTOCOL.md §2, §4.3).
 const (
 	// LeasesDir holds one <lease-id>.toml record per lease.
 	LeasesDir = "writer-leases"
@@ -59,7 +59,7 @@ type Options struct {
 	ReadOnly bool
 	// NoDaemon, with ReadOnly, says that no daemon serves the directory:
 	// handle leases, which live only as long as a daemon's open files, are
-	// then reported dead (SPEC §2).
+	// then reported dead (docs/PROTOCOL.md §2).
 	NoDaemon bool
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended at open; default slog.Default().
@@ -424,7 +424,7 @@ func readRecordFile(path string) ([]byte, error) {
 }
 
 // writeFile replaces path atomically and durably: a pending file in the same
-// directory, fsync, rename, fsync of the directory (SPEC §4.3).
+// directory, fsync, rename, fsync of the directory (docs/PROTOCOL.md §4.3).
 func writeFile(dir *os.File, path string, data []byte) error {
 	pf, err := renameio.NewPendingFile(path,
 		renameio.WithTempDir(filepath.Dir(path)), renameio.WithStaticPermissions(0o600))
@@ -455,7 +455,7 @@ func (s *FileStore) writeRecord(l *Lease, hash string) error {
 	return writeFile(s.dirFile, filepath.Join(s.dir, l.ID+".toml"), data)
 }
 
-// deadReason applies SPEC §5 to an active lease and returns why it is dead,
+// deadReason applies docs/PROTOCOL.md §5 to an active lease and returns why it is dead,
 // or "" when it is live.
 func (s *FileStore) deadReason(e *entry) string {
 	l := &e.lease
@@ -484,8 +484,8 @@ func (s *FileStore) deadReason(e *entry) string {
 // the end still takes effect in memory and the record is written later by
 // [FileStore.Reap]: this is safe for leases that would be ended again after
 // a restart whatever the disk says, namely those dead by the liveness rules
-// of SPEC §5 and handle leases, which no daemon keeps across a restart
-// (SPEC §2). A lease released by its holder is not deferrable: the release
+// of docs/PROTOCOL.md §5 and handle leases, which no daemon keeps across a restart
+// (docs/PROTOCOL.md §2). A lease released by its holder is not deferrable: the release
 // fails and nothing changes.
 func (s *FileStore) endLocked(e *entry, l Lease, status Status, reason string, deferrable bool) error {
 	l.Status = status

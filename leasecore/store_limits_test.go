@@ -28,8 +28,8 @@ func TestQuota(t *testing.T) {
 	}
 }
 
-// Dead leases are not live (SPEC §1), so they must not count against the
-// quota of SPEC §7 even before anything touches or reaps them.
+// Dead leases are not live (docs/PROTOCOL.md §1), so they must not count against the
+// quota of docs/PROTOCOL.md §7 even before anything touches or reaps them.
 func TestQuotaIgnoresExpiredLeases(t *testing.T) {
 	t.Parallel()
 	s, clock, _ := newStore(t, Options{MaxLeasesPerUID: 2})

@@ -61,7 +61,7 @@ func applyAnnotations(l *Lease, ann Annotations) error {
 
 // Reserve grants a new lease on d.Resource when it has no live lease; see
 // [Store.Reserve]. A dead lease on the name is ended as abandoned first
-// (SPEC §5). The record is durable before Reserve returns.
+// (docs/PROTOCOL.md §5). The record is durable before Reserve returns.
 func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 	if err := ValidateResource(d.Resource); err != nil {
 		return Grant{}, err
@@ -97,7 +97,7 @@ func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 	}
 	if s.perUID[d.HolderUID] >= s.opts.MaxLeasesPerUID {
 		// The count includes leases that died since they were last
-		// looked at: end those before refusing (SPEC §7 limits live ones).
+		// looked at: end those before refusing (docs/PROTOCOL.md §7 limits live ones).
 		if _, err := s.liveLocked(func(e *entry) bool { return e.lease.HolderUID == d.HolderUID }); err != nil {
 			return Grant{}, err
 		}
@@ -417,7 +417,7 @@ func (s *FileStore) Reap(ctx context.Context) ([]Lease, error) {
 
 // pruneLocked removes the oldest ended records beyond HistoryKeep, after
 // persisting the generation high-water mark so that no generation is ever
-// granted twice (SPEC §1). The caller holds mu.
+// granted twice (docs/PROTOCOL.md §1). The caller holds mu.
 func (s *FileStore) pruneLocked() error {
 	var ended []*entry
 	for _, e := range s.leases {

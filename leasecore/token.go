@@ -12,7 +12,7 @@ import (
 	"lukechampine.com/blake3"
 )
 
-// Prefixes of lease ids and tokens (SPEC §1).
+// Prefixes of lease ids and tokens (docs/PROTOCOL.md §1).
 const (
 	LeaseIDPrefix = "lease-"
 	TokenPrefix   = "hwl_"
@@ -20,7 +20,7 @@ const (
 	// 39 characters of unpadded base32.
 	randomBytes = 24
 	encodedLen  = 39
-	// MaxNameLen is the longest name component in bytes (SPEC §3).
+	// MaxNameLen is the longest name component in bytes (docs/PROTOCOL.md §3).
 	MaxNameLen = 255
 )
 
@@ -35,22 +35,22 @@ func randomBase32() string {
 }
 
 // NewLeaseID returns a fresh lease id: "lease-" and 39 lowercase base32
-// characters from 24 random bytes (SPEC §1). Safe for concurrent use.
+// characters from 24 random bytes (docs/PROTOCOL.md §1). Safe for concurrent use.
 func NewLeaseID() string { return LeaseIDPrefix + randomBase32() }
 
 // NewToken returns a fresh bearer token: "hwl_" and 39 lowercase base32
-// characters from 24 random bytes (SPEC §1). Safe for concurrent use.
+// characters from 24 random bytes (docs/PROTOCOL.md §1). Safe for concurrent use.
 func NewToken() string { return TokenPrefix + randomBase32() }
 
 // HashToken returns the blake3-256 hex digest (64 lowercase hex characters)
-// of token: the only form in which a token is stored (SPEC §1, §4.3).
+// of token: the only form in which a token is stored (docs/PROTOCOL.md §1, §4.3).
 func HashToken(token string) string {
 	sum := blake3.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:])
 }
 
 // TokenMatches reports whether token hashes to hash, comparing the digests in
-// constant time (SPEC §7).
+// constant time (docs/PROTOCOL.md §7).
 func TokenMatches(token, hash string) bool {
 	got := HashToken(token)
 	return subtle.ConstantTimeCompare([]byte(got), []byte(hash)) == 1
@@ -73,7 +73,7 @@ func ValidateLeaseID(id string) error {
 	return nil
 }
 
-// ValidateName checks one path component (SPEC §3): 1–255 bytes of valid
+// ValidateName checks one path component (docs/PROTOCOL.md §3): 1–255 bytes of valid
 // UTF-8 without NUL or "/", and not "." or "..". It returns an error wrapping
 // [ErrNameTooLong] or [ErrInvalidName].
 func ValidateName(name string) error {

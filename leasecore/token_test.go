@@ -31,7 +31,7 @@ func TestNewLeaseIDFormat(t *testing.T) {
 			t.Fatalf("NewLeaseID returned %q twice", id)
 		}
 		seen[id] = true
-		// 39 base32 characters carry the 24 random bytes of SPEC §1.
+		// 39 base32 characters carry the 24 random bytes of docs/PROTOCOL.md §1.
 		raw, err := lowerBase32.DecodeString(strings.TrimPrefix(id, LeaseIDPrefix))
 		if err != nil || len(raw) != 24 {
 			t.Fatalf("id %q decodes to %d bytes (%v), want 24", id, len(raw), err)
