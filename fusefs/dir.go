@@ -42,7 +42,7 @@ const dirMode = syscall.S_IFDIR | syscall.S_ISVTX | 0o777
 
 // attr fills the attributes of the directory.
 func (d *dirNode) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
-	a.Ino = d.fsys.dirIno(d.path)
+	a.Ino = d.fsys.dirInos.ino(d.path)
 	a.Mode = dirMode
 	a.Nlink = 2
 	a.Blksize = 4096
@@ -81,7 +81,7 @@ func (d *dirNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 // childDir returns the inode of namespace ns below d.
 func (d *dirNode) childDir(ctx context.Context, ns leasecore.Namespace, out *fuse.EntryOut) *fs.Inode {
 	child := &dirNode{fsys: d.fsys, path: ns.Path}
-	ino := d.fsys.dirIno(ns.Path)
+	ino := d.fsys.dirInos.ino(ns.Path)
 	_ = child.attrFrom(ns, &out.Attr, ino)
 	return d.NewInode(ctx, child, fs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
 }
@@ -126,16 +126,16 @@ func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 		return nil, toErrno(err)
 	}
 	entries := make([]fuse.DirEntry, 0, len(nss)+len(leases)+2)
-	entries = append(entries, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.fsys.dirIno(d.path)})
+	entries = append(entries, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.fsys.dirInos.ino(d.path)})
 	parentIno := uint64(fuse.FUSE_ROOT_ID)
 	if d.path != "" {
 		parent, _ := splitResource(d.path)
-		parentIno = d.fsys.dirIno(parent)
+		parentIno = d.fsys.dirInos.ino(parent)
 	}
 	entries = append(entries, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
 	for _, ns := range nss {
 		_, name := splitResource(ns.Path)
-		entries = append(entries, fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: d.fsys.dirIno(ns.Path)})
+		entries = append(entries, fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: d.fsys.dirInos.ino(ns.Path)})
 	}
 	for _, l := range leases {
 		_, name := splitResource(l.Resource)
@@ -192,8 +192,6 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if _, err := d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
-	d.fsys.forgetToken(l.ID)
-	d.fsys.wake(resource)
 	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.pid)
 	return 0
 }
@@ -221,7 +219,7 @@ func (d *dirNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err := d.fsys.store.Rmdir(ctx, resource); err != nil {
 		return d.fsys.refuse("rmdir", resource, c, toErrno(err), err)
 	}
-	d.fsys.dropDirIno(resource)
+	d.fsys.dirInos.drop(resource)
 	return 0
 }
 

@@ -60,11 +60,11 @@ const (
 	uidRoot  = 0
 )
 
-// testEnv is a lease filesystem over a file store in a temporary directory,
-// with a fake clock, built without a mount.
+// testEnv is a lease filesystem over an in-memory store with a fake clock,
+// built without a mount.
 type testEnv struct {
 	clock *leasecore.FakeClock
-	store *leasecore.FileStore
+	store *leasecore.MemStore
 	fsys  *FS
 	root  *dirNode
 }
@@ -79,21 +79,17 @@ func newEnv(t *testing.T, opts leasecore.Options) *testEnv {
 	if opts.Host == "" {
 		opts.Host = "testhost"
 	}
-	store, err := leasecore.OpenFileStore(t.TempDir(), opts)
-	if err != nil {
-		t.Fatalf("OpenFileStore: %v", err)
-	}
+	store := leasecore.NewMemStore(opts)
 	t.Cleanup(func() { _ = store.Close() })
-	return newEnvOn(t, clock, store, store, Options{})
+	return newEnvOn(t, clock, store, store)
 }
 
-// newEnvOn builds the node tree over s (which may wrap fstore).
-func newEnvOn(t *testing.T, clock *leasecore.FakeClock, fstore *leasecore.FileStore, s leasecore.Store, opts Options) *testEnv {
+// newEnvOn builds the node tree over s (which may wrap mem).
+func newEnvOn(t *testing.T, clock *leasecore.FakeClock, mem *leasecore.MemStore, s leasecore.Store) *testEnv {
 	t.Helper()
-	opts.Logger = slog.New(slog.DiscardHandler)
-	f := New(s, opts)
+	f := New(s, Options{Logger: slog.New(slog.DiscardHandler)})
 	_ = f.RawFileSystem() // initialises the inode tree
-	return &testEnv{clock: clock, store: fstore, fsys: f, root: f.root}
+	return &testEnv{clock: clock, store: mem, fsys: f, root: f.root}
 }
 
 // as returns a request context from uid (gid = uid), from this process.
@@ -207,36 +203,42 @@ func liveCount(t *testing.T, s leasecore.Store) int {
 
 // hasToken reports whether f still keeps the unrevealed token of lease id.
 func hasToken(f *FS, id string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, ok := f.tokens[id]
+	f.tokens.mu.Lock()
+	defer f.tokens.mu.Unlock()
+	_, ok := f.tokens.tokens[id]
 	return ok
 }
 
-// reapSpy reports the leases each Reap ended. Polling the store itself
-// would not show that Run reaps: every read of the store ends dead leases
-// on access.
-type reapSpy struct {
-	leasecore.Store
-	reaped chan []leasecore.Lease
+// startRun runs f.Run until the test ends.
+func startRun(t *testing.T, f *FS) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }
 
-func (s *reapSpy) Reap(ctx context.Context) ([]leasecore.Lease, error) {
-	ended, err := s.Store.Reap(ctx)
-	if len(ended) > 0 {
-		select {
-		case s.reaped <- ended:
-		default:
+// waitUntil polls cond; the bound is a guard against a hang, not a timing
+// assertion.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
-	return ended, err
 }
 
-func TestRunReapsExpiredLeases(t *testing.T) {
-	base := newEnv(t, leasecore.Options{LeaseDuration: time.Minute})
-	spy := &reapSpy{Store: base.store, reaped: make(chan []leasecore.Lease, 16)}
-	e := newEnvOn(t, base.clock, base.store, spy, Options{ReapInterval: 10 * time.Millisecond})
-
+// The store's reaper ends an expired lease on its own; Run, following the
+// change feed, forgets its unrevealed token.
+func TestRunFollowsExpiry(t *testing.T) {
+	e := newEnv(t, leasecore.Options{LeaseDuration: time.Minute, ReapInterval: time.Hour})
 	var out fuse.EntryOut
 	nsIno, errno := e.root.Mkdir(as(uidAlice), "ns", 0o755, &out)
 	if errno != 0 {
@@ -248,105 +250,53 @@ func TestRunReapsExpiredLeases(t *testing.T) {
 		t.Fatalf("Create: %v", errno)
 	}
 	// Attach the nodes as the kernel bridge would, so that Run walks the
-	// tree to invalidate the reaped lease (NotifyDelete answers ENOSYS
+	// tree to invalidate the ended lease (NotifyDelete answers ENOSYS
 	// without a server).
 	e.root.AddChild("ns", nsIno, false)
 	nsIno.AddChild("job", ino, false)
 	id := ino.Operations().(*leaseNode).id
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e.fsys.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	startRun(t, e.fsys)
 
 	e.clock.Advance(time.Minute + time.Second)
-	var reaped []leasecore.Lease
-	select {
-	case reaped = <-spy.reaped:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not reap the expired lease within 5s")
+	// A read finds the lease dead and wakes the reaper, which ends it.
+	if n := liveCount(t, e.store); n != 0 {
+		t.Errorf("%d live leases after expiry, want 0", n)
 	}
-	if len(reaped) != 1 || reaped[0].ID != id || reaped[0].Status != leasecore.StatusAbandoned {
-		t.Fatalf("reaped %+v, want lease %s abandoned", reaped, id)
-	}
-	// Run forgets the token after Reap returns: wait for it.
-	for deadline := time.Now().Add(5 * time.Second); hasToken(e.fsys, id); {
-		if time.Now().After(deadline) {
-			t.Fatal("the unrevealed token of a reaped lease is still kept")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := liveCount(t, base.store); n != 0 {
-		t.Errorf("%d live leases after reaping, want 0", n)
-	}
-
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after its context was cancelled")
-	}
+	waitUntil(t, "the reaper to end the lease", func() bool {
+		l, err := e.store.Load(context.Background(), id)
+		hist, _ := e.store.History(context.Background(), "ns/job")
+		return err == nil && l.Status == leasecore.StatusAbandoned && len(hist) == 1
+	})
+	waitUntil(t, "Run to forget the unrevealed token", func() bool { return !hasToken(e.fsys, id) })
 }
 
-// TestRunDrainsEndedQueue checks that leases ended by a write are handed to
-// Run, and that Run survives invalidating them without a server.
-func TestRunDrainsEndedQueue(t *testing.T) {
+// Leases ended by a write reach Run through the store's feed, and Run
+// survives invalidating them without a server.
+func TestRunFollowsRelease(t *testing.T) {
 	e := newEnv(t, leasecore.Options{})
 	ctx := as(uidAlice)
 	n, h := mustCreate(t, ctx, e.root, "q")
 	e.root.AddChild("q", n.EmbeddedInode(), false)
+	n2, _ := mustCreate(t, ctx, e.root, "r")
+	startRun(t, e.fsys)
 	tok := readToken(t, ctx, h)
 	if errno := write(ctx, h, "token = \""+tok+"\"\naction = \"complete\"\n"); errno != 0 {
 		t.Fatalf("complete: %v", errno)
 	}
-	if len(e.fsys.gone) != 1 {
-		t.Fatalf("%d leases queued for invalidation, want 1", len(e.fsys.gone))
+	if errno := e.root.Unlink(ctx, "r"); errno != 0 {
+		t.Fatalf("unlink: %v", errno)
 	}
-
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e.fsys.Run(runCtx)
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.fsys.gone) > 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	cancel()
-	<-done
-	if len(e.fsys.gone) != 0 {
-		t.Fatal("Run did not drain the queue of ended leases")
-	}
+	waitUntil(t, "Run to forget the token of the unlinked lease", func() bool { return !hasToken(e.fsys, n2.id) })
 }
 
 func TestNewDefaults(t *testing.T) {
-	tests := []struct {
-		duration time.Duration
-		want     time.Duration
-	}{
-		{time.Second, 100 * time.Millisecond},
-		{100 * time.Millisecond, 50 * time.Millisecond},
-		{leasecore.DefaultLeaseDuration, time.Second},
+	e := newEnv(t, leasecore.Options{})
+	f := New(e.store, Options{})
+	if f.log == nil {
+		t.Error("nil logger")
 	}
-	for _, tt := range tests {
-		e := newEnv(t, leasecore.Options{LeaseDuration: tt.duration})
-		f := New(e.store, Options{})
-		if f.opts.ReapInterval != tt.want {
-			t.Errorf("lease duration %v: reap interval %v, want %v", tt.duration, f.opts.ReapInterval, tt.want)
-		}
-		if f.log == nil {
-			t.Error("nil logger")
-		}
-		if f.opts.RootUID != uint32(os.Getuid()) || f.opts.RootGID != uint32(os.Getgid()) {
-			t.Errorf("root owner %d:%d, want the daemon's", f.opts.RootUID, f.opts.RootGID)
-		}
+	if f.opts.RootUID != uint32(os.Getuid()) || f.opts.RootGID != uint32(os.Getgid()) {
+		t.Errorf("root owner %d:%d, want the daemon's", f.opts.RootUID, f.opts.RootGID)
 	}
 }
 

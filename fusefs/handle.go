@@ -47,6 +47,9 @@ var (
 	_ = (fs.FileFlusher)((*leaseHandle)(nil))
 	_ = (fs.FileFsyncer)((*leaseHandle)(nil))
 	_ = (fs.FileReleaser)((*leaseHandle)(nil))
+	_ = (fs.FileGetlker)((*leaseHandle)(nil))
+	_ = (fs.FileSetlker)((*leaseHandle)(nil))
+	_ = (fs.FileSetlkwer)((*leaseHandle)(nil))
 )
 
 // newHandle opens lease l on node n; reserved marks the open file whose
@@ -97,7 +100,7 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 		// The token is revealed only to a read from offset 0, so that it is
 		// always delivered whole.
 		if off == 0 && c.mayHold(l) {
-			if tok, ok := h.fsys.takeToken(l.ID); ok {
+			if tok, ok := h.fsys.tokens.take(l.ID); ok {
 				h.snap = []byte(tok + "\n")
 			}
 		}
@@ -145,9 +148,7 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		if cmd.action == actionAbandon {
 			status = leasecore.StatusAbandoned
 		}
-		var ended leasecore.Lease
-		if ended, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status, cmd.ann); err == nil {
-			h.fsys.ended(ended)
+		if _, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status, cmd.ann); err == nil {
 			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.pid)
 		}
 	case actionTakeover:

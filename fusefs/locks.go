@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
-	"slices"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -15,22 +13,6 @@ import (
 
 // offsetMax is the end of a whole-file lock in FUSE (OFFSET_MAX, inclusive).
 const offsetMax = math.MaxInt64
-
-// waitPoll bounds how long a blocked lock waiter sleeps without a wake-up,
-// so that leases ended by paths that do not wake it (expiry noticed on
-// access, another mount) are still seen.
-const waitPoll = 200 * time.Millisecond
-
-// waiter is one blocked lock request in a resource's queue. It is not
-// zero-sized, so that distinct waiters have distinct addresses.
-type waiter struct{ _ byte }
-
-// posixKey identifies an fcntl lock owner (a process's file table) on one
-// FUSE node.
-type posixKey struct {
-	node  uint64
-	owner uint64
-}
 
 // lockRequest is one SETLK/SETLKW on a lease handle.
 type lockRequest struct {
@@ -49,8 +31,8 @@ func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock
 	if err != nil {
 		return 0
 	}
-	if node, ok := h.fsys.requestNode(ctx); ok {
-		if id, held := h.fsys.posixLease(posixKey{node, owner}); held && id == l.ID {
+	if node, ok := h.fsys.requests.node(ctx); ok {
+		if id, held := h.fsys.posix.get(posixKey{node, owner}); held && id == l.ID {
 			return 0
 		}
 	}
@@ -96,7 +78,7 @@ func (h *leaseHandle) dropUnclaimed() {
 	if !reserved {
 		return
 	}
-	tok, unread := f.takeToken(id)
+	tok, unread := f.tokens.take(id)
 	if !unread {
 		return // the holder has its token: the lease is theirs to end
 	}
@@ -106,12 +88,11 @@ func (h *leaseHandle) dropUnclaimed() {
 	}
 	l, err := f.store.End(ctx, id, leasecore.StatusAbandoned)
 	if err != nil {
-		f.rememberToken(id, tok)
+		f.tokens.put(id, tok)
 		f.log.Error("ending the lease of a refused lock failed", "resource", h.resource, "lease", id, "err", err)
 		return
 	}
 	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", "its lock was refused")
-	f.ended(l)
 }
 
 // trySetlk is setlk without the cleanup of a refusal.
@@ -124,7 +105,7 @@ func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileL
 		if lk.Start != 0 || lk.End != offsetMax {
 			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "byte-range locks are not supported: lock the whole file")
 		}
-		node, ok := h.fsys.requestNode(ctx)
+		node, ok := h.fsys.requests.node(ctx)
 		if !ok {
 			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "lock owner unknown")
 		}
@@ -168,7 +149,7 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 		return 0 // flock(2) on a lock this open file already holds
 	}
 	if !req.flock {
-		if held, ok := f.posixLease(req.key); ok {
+		if held, ok := f.posix.get(req.key); ok {
 			if l, err := f.store.Load(ctx, held); err == nil && l.Live() {
 				return 0 // fcntl(2) by the owner that already holds it
 			}
@@ -194,7 +175,7 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 // holds, and refers the handle to it.
 func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 	f := h.fsys
-	f.forgetToken(l.ID) // once bound, the open file is the credential
+	f.tokens.forget(l.ID) // once bound, the open file is the credential
 	h.mu.Lock()
 	h.id = l.ID
 	h.snap = nil
@@ -203,9 +184,7 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 	}
 	h.mu.Unlock()
 	if !req.flock {
-		f.mu.Lock()
-		f.posix[req.key] = l.ID
-		f.mu.Unlock()
+		f.posix.set(req.key, l.ID)
 		h.mu.Lock()
 		h.posixKeys = append(h.posixKeys, req.key)
 		h.mu.Unlock()
@@ -214,67 +193,43 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 		"uid", req.c.uid, "pid", req.c.pid, "flock", req.flock)
 }
 
-// acquire reserves a new handle lease on the name, waiting in the name's
-// queue when req.block and another holds it.
+// acquire reserves a new handle lease on the name for this open file;
+// when req.block and another holds the name, it waits in the store's first
+// come first served queue (docs/PROTOCOL.md §6) until that lease ends, the
+// caller is interrupted (EINTR) or the daemon drains (EAGAIN).
 func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) syscall.Errno {
 	f := h.fsys
-	var w *waiter
+	d := leasecore.Draft{
+		Resource:  h.resource,
+		Mode:      leasecore.ModeHandle,
+		HolderUID: req.c.uid,
+		HolderGID: req.c.gid,
+		HolderPID: req.c.pid,
+	}
+	var g leasecore.Grant
+	var err error
 	if req.block {
-		w = f.enqueue(h.resource)
-		defer f.leave(h.resource, w)
+		wait, cancel := context.WithCancel(ctx)
+		stop := context.AfterFunc(f.drained, cancel)
+		g, err = f.store.Acquire(wait, d)
+		stop()
+		cancel()
+	} else {
+		g, err = f.store.Reserve(ctx, d)
 	}
-	for {
-		wake := f.wakeup(h.resource)
-		if !req.block || f.isHead(h.resource, w) {
-			if f.draining.Load() {
-				return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
-			}
-			g, err := f.store.Reserve(ctx, leasecore.Draft{
-				Resource:  h.resource,
-				Mode:      leasecore.ModeHandle,
-				HolderUID: req.c.uid,
-				HolderGID: req.c.gid,
-				HolderPID: req.c.pid,
-			})
-			var held *leasecore.LeaseHeldError
-			switch {
-			case err == nil:
-				h.bindTo(g.Lease, req)
-				return 0
-			case !errors.As(err, &held):
-				return f.refuse(op, h.resource, req.c, toErrno(err), err)
-			case !req.block:
-				return f.refuse(op, h.resource, req.c, syscall.EWOULDBLOCK, "held by lease "+held.Holder.ID)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return f.refuse(op, h.resource, req.c, syscall.EINTR, "wait interrupted")
-		case <-wake:
-		case <-time.After(waitPoll):
-		}
+	var held *leasecore.LeaseHeldError
+	switch {
+	case err == nil:
+		h.bindTo(g.Lease, req)
+		return 0
+	case f.draining.Load():
+		return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
+	case errors.Is(err, context.Canceled):
+		return f.refuse(op, h.resource, req.c, syscall.EINTR, "wait interrupted")
+	case errors.As(err, &held):
+		return f.refuse(op, h.resource, req.c, syscall.EWOULDBLOCK, "held by lease "+held.Holder.ID)
 	}
-}
-
-// requestNode returns the FUSE node id of the lock request in ctx.
-func (f *FS) requestNode(ctx context.Context) (uint64, bool) {
-	fc, ok := ctx.(*fuse.Context)
-	if !ok {
-		return 0, false
-	}
-	v, ok := f.requests.Load(fc.Cancel)
-	if !ok {
-		return 0, false
-	}
-	return v.(uint64), true
-}
-
-// posixLease returns the lease held by fcntl lock owner key.
-func (f *FS) posixLease(key posixKey) (string, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id, ok := f.posix[key]
-	return id, ok
+	return f.refuse(op, h.resource, req.c, toErrno(err), err)
 }
 
 // posixClose ends the handle lease held by fcntl lock owner key: the owner
@@ -285,21 +240,13 @@ func (f *FS) posixClose(key posixKey) {
 
 // posixCloseIf is posixClose, limited to lease id when id is not empty.
 func (f *FS) posixCloseIf(key posixKey, id string) {
-	f.mu.Lock()
-	held, ok := f.posix[key]
-	if ok && (id == "" || held == id) {
-		delete(f.posix, key)
-	} else {
-		ok = false
-	}
-	f.mu.Unlock()
-	if ok {
+	if held, ok := f.posix.take(key, id); ok {
 		f.endHandleLease(held, "fcntl lock released")
 	}
 }
 
-// endHandleLease ends handle lease id as complete, if it is still live, and
-// wakes the name's waiters.
+// endHandleLease ends handle lease id as complete, if it is still live; the
+// store wakes the name's first waiter and publishes the end.
 func (f *FS) endHandleLease(id, reason string) {
 	l, err := f.store.End(context.Background(), id, leasecore.StatusComplete)
 	if err != nil {
@@ -309,60 +256,4 @@ func (f *FS) endHandleLease(id, reason string) {
 		return
 	}
 	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", reason)
-	f.ended(l)
-}
-
-// enqueue appends a waiter to resource's queue.
-func (f *FS) enqueue(resource string) *waiter {
-	w := &waiter{}
-	f.mu.Lock()
-	f.queues[resource] = append(f.queues[resource], w)
-	f.mu.Unlock()
-	f.store.AddWaiters(resource, 1)
-	return w
-}
-
-// leave removes w from resource's queue and wakes the next waiter.
-func (f *FS) leave(resource string, w *waiter) {
-	f.mu.Lock()
-	q := slices.DeleteFunc(f.queues[resource], func(x *waiter) bool { return x == w })
-	if len(q) == 0 {
-		delete(f.queues, resource)
-	} else {
-		f.queues[resource] = q
-	}
-	f.mu.Unlock()
-	f.store.AddWaiters(resource, -1)
-	f.wake(resource)
-}
-
-// isHead reports whether w is first in resource's queue.
-func (f *FS) isHead(resource string, w *waiter) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	q := f.queues[resource]
-	return len(q) > 0 && q[0] == w
-}
-
-// wakeup returns a channel that is closed at the next [FS.wake] of resource.
-func (f *FS) wakeup(resource string) <-chan struct{} {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	ch := f.wakes[resource]
-	if ch == nil {
-		ch = make(chan struct{})
-		f.wakes[resource] = ch
-	}
-	return ch
-}
-
-// wake wakes every waiter of resource.
-func (f *FS) wake(resource string) {
-	f.mu.Lock()
-	ch := f.wakes[resource]
-	delete(f.wakes, resource)
-	f.mu.Unlock()
-	if ch != nil {
-		close(ch)
-	}
 }

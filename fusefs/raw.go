@@ -16,13 +16,13 @@ type rawFS struct {
 	fsys *FS
 }
 
+var _ fuse.RawFileSystem = (*rawFS)(nil)
+
 // withNode records the node id of a lock request for the duration of the
 // call, keyed by the request's cancel channel, which is unique among
 // requests in flight.
 func (r *rawFS) withNode(cancel <-chan struct{}, nodeID uint64, call func() fuse.Status) fuse.Status {
-	r.fsys.requests.Store(cancel, nodeID)
-	defer r.fsys.requests.Delete(cancel)
-	return call()
+	return r.fsys.requests.during(cancel, nodeID, call)
 }
 
 // GetLk passes the request on with its node id recorded.

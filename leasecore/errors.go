@@ -41,6 +41,10 @@ var (
 	ErrReadOnly = errors.New("leasecore: store is read-only")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("leasecore: store closed")
+	// ErrOutcomeUnknown: the store cannot tell whether a change was
+	// applied (a network store timed out; a directory fsync failed after
+	// the rename). The next read shows which. Mapped to EIO.
+	ErrOutcomeUnknown = errors.New("leasecore: outcome unknown")
 )
 
 // LeaseHeldError reports that a resource already has a live lease, and names
@@ -75,3 +79,8 @@ func (e *PersistError) Error() string {
 
 // Unwrap returns the underlying I/O error.
 func (e *PersistError) Unwrap() error { return e.Err }
+
+// Is reports whether target is [ErrOutcomeUnknown] and the change may have
+// been applied: the failed step was the fsync of a directory after a
+// rename had replaced the record.
+func (e *PersistError) Is(target error) bool { return target == ErrOutcomeUnknown && e.Op == "sync" }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -100,7 +101,7 @@ func TestRecordKeysFollowTheFieldTable(t *testing.T) {
 // written as 0 or "": the reference store reads pid = 0 as a recorded pid.
 func TestRecordOmitsUnsetOptionalFields(t *testing.T) {
 	t.Parallel()
-	s, _, state := newStore(t, Options{})
+	s, _, state := newTestStore(t, Options{})
 	g := reserve(t, s, "x")
 	rec := readRecordMap(t, recordPath(state, g.Lease.ID))
 	for _, k := range []string{"pid", "pid_start_ticks", "completed_at", "actor_session_id", "task_assignment_id",
@@ -127,7 +128,7 @@ func TestReleaseAppliesAnnotations(t *testing.T) {
 	for _, status := range []Status{StatusComplete, StatusAbandoned} {
 		t.Run(string(status), func(t *testing.T) {
 			t.Parallel()
-			s, _, state := newStore(t, Options{})
+			s, _, state := newTestStore(t, Options{})
 			ctx := context.Background()
 			g := reserve(t, s, "x")
 			l, err := s.Release(ctx, g.Lease.ID, g.Token, status, Annotations{"anchor_state": "deadbeef", "client": "ci"})
@@ -151,7 +152,7 @@ func TestReleaseAppliesAnnotations(t *testing.T) {
 // A release whose annotations are invalid changes nothing.
 func TestReleaseWithBadAnnotationsChangesNothing(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	_, err := s.Release(ctx, g.Lease.ID, g.Token, StatusComplete, Annotations{"anchor_state": "a\x00b"})
@@ -165,15 +166,21 @@ func TestReleaseWithBadAnnotationsChangesNothing(t *testing.T) {
 // while a daemon serves the directory, and only then.
 func TestWaitersArePublished(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	reserve(t, s, "x")
-	s.AddWaiters("x", 1)
-	s.AddWaiters("x", 1)
-	l, err := s.Live(ctx, "x")
-	if err != nil || l.Waiters != 2 {
-		t.Fatalf("Live = %+v, %v; want 2 waiters", l, err)
+	wctx, cancel := context.WithCancel(ctx)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := s.Acquire(wctx, Draft{Resource: "x", Mode: ModeHandle})
+			errs <- err
+		}()
 	}
+	waitFor(t, "two waiters", func() bool {
+		l, err := s.Live(ctx, "x")
+		return err == nil && l.Waiters == 2
+	})
 	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
 	if l, err := ro.Live(ctx, "x"); err != nil || l.Waiters != 2 {
 		t.Errorf("read-only Live = %+v, %v; want 2 waiters", l, err)
@@ -182,9 +189,27 @@ func TestWaitersArePublished(t *testing.T) {
 	if l, err := noDaemon.Live(ctx, "x"); err != nil || l.Waiters != 0 {
 		t.Errorf("read-only Live without a daemon = %+v, %v; want no waiters", l, err)
 	}
-	s.AddWaiters("x", -2)
+	cancel()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled Acquire = %v, want context.Canceled", err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(state, waitersName)); !os.IsNotExist(err) {
 		t.Errorf("waiters file after the last waiter left: %v", err)
+	}
+}
+
+// waitFor polls cond until it holds; the 10 s bound is a guard against a
+// hang, not a timing assertion.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

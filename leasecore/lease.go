@@ -133,22 +133,41 @@ type Namespace struct {
 }
 
 // Store is the lease store behind a leasefs mount. The file store
-// ([OpenFileStore]) is the default; other stores (etcd) implement the same
-// contract. All methods are safe for concurrent use. Methods that change the
-// store return only after the change is durable; on a *[PersistError] nothing
-// changed. ctx carries cancellation for stores that wait on a network
-// (etcd); the file store never blocks on anything but its disk and ignores it.
+// ([OpenFileStore]) is the default, [NewMemStore] keeps leases in memory,
+// and other stores (etcd) implement the same contract; the contract suite
+// in leasecore/storetest checks every implementation. All methods are safe
+// for concurrent use.
+//
+// Reads are pure: they never change the store. A lease that a liveness
+// rule (docs/PROTOCOL.md §5) has killed is reported as ended (Live and the
+// listings omit it, Load shows it abandoned); ending it durably is the
+// store's own business, and every end — by a holder, by a rule, or by
+// another mount of a shared store — is published on the change feed
+// ([Store.Watch]).
+//
+// Methods that change the store return only after the change is durable.
+// On a *[PersistError] nothing changed, unless the error also matches
+// [ErrOutcomeUnknown]: then the change may or may not have been applied
+// (a network store that timed out, a directory fsync that failed after the
+// rename), and the next read tells which. ctx bounds waits on a network or
+// on a queue.
 type Store interface {
 	// Reserve grants a new lease on d.Resource if it has no live lease.
 	// Errors: *LeaseHeldError (ErrHeld), ErrQuota, ErrNoNamespace,
 	// ErrIsNamespace, ErrInvalidName, ErrNameTooLong, ErrInvalidArgument,
 	// *PersistError.
 	Reserve(ctx context.Context, d Draft) (Grant, error)
-	// Live returns the live lease on resource, ending it first if it is
-	// dead (docs/PROTOCOL.md §5). Errors: ErrNotFound.
+	// Acquire is Reserve that waits while another holds the name, first
+	// come first served among the callers of Acquire on that name, across
+	// every mount of the store (docs/PROTOCOL.md §6). A waiting caller
+	// counts in the Waiters of the live lease. Errors: those of Reserve
+	// except ErrHeld; ctx.Err() when ctx ends first, with nothing
+	// reserved; ErrClosed when the store closes.
+	Acquire(ctx context.Context, d Draft) (Grant, error)
+	// Live returns the live lease on resource. Errors: ErrNotFound.
 	Live(ctx context.Context, resource string) (Lease, error)
-	// Load returns the lease with that id in any status, applying the
-	// liveness rules to an active one. Errors: ErrInvalidID, ErrNotFound.
+	// Load returns the lease with that id in any status.
+	// Errors: ErrInvalidID, ErrNotFound.
 	Load(ctx context.Context, id string) (Lease, error)
 	// Renew authenticates token against lease id, moves its heartbeat to now
 	// and applies ann. Errors: ErrNotFound, ErrInactive (ended or dead),
@@ -162,9 +181,10 @@ type Store interface {
 	// closed handle). Errors: ErrNotFound, ErrInactive, *PersistError.
 	End(ctx context.Context, id string, status Status) (Lease, error)
 	// Bind turns live lease id into a handle lease held by process
-	// holderPID (docs/PROTOCOL.md §6): mode handle, no expiry by time; it then ends only
-	// by [Store.End] or [Store.Release]. Binding a handle lease again is a
-	// no-op. Errors: ErrNotFound, ErrInactive, *PersistError.
+	// holderPID (docs/PROTOCOL.md §6): mode handle, no expiry by time; it
+	// then ends only by [Store.End] or [Store.Release]. Binding a handle
+	// lease again is a no-op. Errors: ErrNotFound, ErrInactive,
+	// *PersistError.
 	Bind(ctx context.Context, id string, holderPID int) (Lease, error)
 	// RequestTakeover records a takeover request on live lease id.
 	// Errors: ErrNotFound, ErrInactive, ErrInvalidArgument, *PersistError.
@@ -178,9 +198,6 @@ type Store interface {
 	// History returns ended leases, newest first; all resources when
 	// resource is "".
 	History(ctx context.Context, resource string) ([]Lease, error)
-	// EndResource ends every active lease of resource with status and
-	// returns them.
-	EndResource(ctx context.Context, resource string, status Status) ([]Lease, error)
 	// Namespace returns the namespace at path. Errors: ErrNotFound.
 	Namespace(ctx context.Context, path string) (Namespace, error)
 	// Mkdir creates namespace path. Errors: ErrExists, ErrNoNamespace,
@@ -189,13 +206,11 @@ type Store interface {
 	// Rmdir removes an empty namespace. Errors: ErrNotFound, ErrNotEmpty,
 	// *PersistError.
 	Rmdir(ctx context.Context, path string) error
-	// AddWaiters adds delta (negative to remove) to the number of blocked
-	// flock waiters on resource, shown as Waiters of its live lease.
-	AddWaiters(resource string, delta int)
-	// Reap ends every dead lease as abandoned and returns them.
-	Reap(ctx context.Context) ([]Lease, error)
-	// LeaseDuration returns the heartbeat TTL of token leases.
-	LeaseDuration() time.Duration
+	// Watch returns the change feed: every [Event] from now on, in order,
+	// until ctx is done or the store closes, when the channel is closed.
+	// Events are queued without bound for each watcher, so a slow watcher
+	// delays nobody and misses nothing.
+	Watch(ctx context.Context) <-chan Event
 	// Close releases the store's resources. Further calls return ErrClosed.
 	Close() error
 }

@@ -112,7 +112,7 @@ func TestProcessTgid(t *testing.T) {
 
 func TestHolderPIDDeathEndsLease(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{})
+	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	child := startSleeper(t)
 	pid := child.Process.Pid
@@ -135,6 +135,7 @@ func TestHolderPIDDeathEndsLease(t *testing.T) {
 
 	_, err = s.Live(ctx, "x")
 	wantErr(t, "Live after the holder process died", err, ErrNotFound)
+	reap(t, s) // reads are pure: the reaper ends the dead lease
 	hist, err := s.History(ctx, "x")
 	if err != nil || len(hist) != 1 || hist[0].ID != g.Lease.ID || hist[0].Status != StatusAbandoned ||
 		!hist[0].CompletedAt.Equal(clock.Now()) {
@@ -145,7 +146,7 @@ func TestHolderPIDDeathEndsLease(t *testing.T) {
 
 func TestHolderPIDAnnotationOnRenew(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	child := startSleeper(t)
@@ -168,7 +169,7 @@ func TestHolderPIDAnnotationOnRenew(t *testing.T) {
 
 func TestNotRunningPIDRefused(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	for _, pid := range []int{exitedPID(t), -1, 1 << 30} {
 		_, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"pid": strconv.Itoa(pid)}})
@@ -203,7 +204,7 @@ func TestBootIDMismatchEndsLease(t *testing.T) {
 	for _, withPID := range []bool{false, true} {
 		t.Run("pid="+strconv.FormatBool(withPID), func(t *testing.T) {
 			t.Parallel()
-			s, clock, state := newStore(t, Options{})
+			s, clock, state := newTestStore(t, Options{})
 			ctx := context.Background()
 			g := reserve(t, s, "x")
 			other := reserve(t, s, "y")
@@ -232,7 +233,7 @@ func TestBootIDMismatchEndsLease(t *testing.T) {
 
 func TestPIDReuseEndsLease(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	self := os.Getpid()
 	g, err := s.Reserve(ctx, Draft{Resource: "x", Annotations: Annotations{"pid": strconv.Itoa(self)}})

@@ -116,7 +116,7 @@ func (s *FileStore) saveNamespaces(nss map[string]Namespace) error {
 }
 
 // Namespace returns the namespace at path; see [Store.Namespace].
-func (s *FileStore) Namespace(ctx context.Context, path string) (Namespace, error) {
+func (s *store) Namespace(ctx context.Context, path string) (Namespace, error) {
 	if err := s.begin(false); err != nil {
 		return Namespace{}, err
 	}
@@ -131,7 +131,7 @@ func (s *FileStore) Namespace(ctx context.Context, path string) (Namespace, erro
 // Mkdir creates namespace path; see [Store.Mkdir]. A uid may own at most
 // Options.MaxLeasesPerUID namespaces (ErrQuota), so that one user cannot
 // exhaust the store (docs/PROTOCOL.md §7).
-func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error) {
+func (s *store) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error) {
 	if err := ValidateResource(path); err != nil {
 		return Namespace{}, err
 	}
@@ -166,7 +166,7 @@ func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Na
 	ns := Namespace{Path: path, UID: uid, GID: gid, CreatedAt: s.opts.Clock.Now().UTC().Truncate(time.Millisecond)}
 	next := maps.Clone(s.namespaces)
 	next[path] = ns
-	if err := s.saveNamespaces(next); err != nil {
+	if err := s.disk.saveNamespaces(next); err != nil {
 		return Namespace{}, err
 	}
 	s.namespaces = next
@@ -174,7 +174,7 @@ func (s *FileStore) Mkdir(ctx context.Context, path string, uid, gid uint32) (Na
 }
 
 // Rmdir removes an empty namespace; see [Store.Rmdir].
-func (s *FileStore) Rmdir(ctx context.Context, path string) error {
+func (s *store) Rmdir(ctx context.Context, path string) error {
 	if err := s.begin(true); err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (s *FileStore) Rmdir(ctx context.Context, path string) error {
 	}
 	next := maps.Clone(s.namespaces)
 	delete(next, path)
-	if err := s.saveNamespaces(next); err != nil {
+	if err := s.disk.saveNamespaces(next); err != nil {
 		return err
 	}
 	s.namespaces = next

@@ -11,7 +11,7 @@ import (
 
 func TestNamespaces(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 
 	_, err := s.Reserve(ctx, Draft{Resource: "a/b"})
@@ -98,7 +98,7 @@ func TestNamespaces(t *testing.T) {
 // ended on access).
 func TestRmdirWithExpiredLease(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{})
+	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	if _, err := s.Mkdir(ctx, "a", 0, 0); err != nil {
 		t.Fatal(err)

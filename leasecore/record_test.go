@@ -161,7 +161,7 @@ func TestReferenceRecordWithOldHeartbeatIsDead(t *testing.T) {
 // reference field present with the reference type (docs/PROTOCOL.md §4.3).
 func TestRecordHasReferenceFields(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	pid := os.Getpid()
 	if _, err := s.Mkdir(ctx, "feature", 0, 0); err != nil {
@@ -392,7 +392,7 @@ func TestInvalidUTF8AnnotationDoesNotLoseLease(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s, clock, state := newStore(t, Options{})
+			s, clock, state := newTestStore(t, Options{})
 			ctx := context.Background()
 			l, err := tc.do(s, ctx)
 			if errors.Is(err, ErrInvalidArgument) {

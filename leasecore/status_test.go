@@ -46,7 +46,7 @@ func parseDoc(t *testing.T, doc []byte) map[string]any {
 
 func TestStatusDocumentOfAReservedLease(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	g := reserve(t, s, "feature-a")
 	doc := StatusDocument(g.Lease)
 	keys := docKeys(t, doc)
@@ -179,7 +179,7 @@ func TestQuoteTOMLRoundTrip(t *testing.T) {
 
 func TestStatusDocumentAfterRelease(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{})
+	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	clock.Advance(1234 * time.Millisecond)

@@ -11,7 +11,7 @@ import (
 
 func TestQuota(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	s, _, _ := newTestStore(t, Options{MaxLeasesPerUID: 2})
 	ctx := context.Background()
 	a := reserve(t, s, "a")
 	reserve(t, s, "b")
@@ -32,7 +32,7 @@ func TestQuota(t *testing.T) {
 // quota of docs/PROTOCOL.md §7 even before anything touches or reaps them.
 func TestQuotaIgnoresExpiredLeases(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	s, clock, _ := newTestStore(t, Options{MaxLeasesPerUID: 2})
 	reserve(t, s, "a")
 	reserve(t, s, "b")
 	clock.Advance(DefaultLeaseDuration + time.Second)
@@ -43,7 +43,7 @@ func TestQuotaIgnoresExpiredLeases(t *testing.T) {
 
 func TestConcurrentReserveOneWinner(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	const n = 32
 	var (
 		wg     sync.WaitGroup
@@ -91,7 +91,7 @@ func TestConcurrentReserveOneWinner(t *testing.T) {
 
 func TestClosedStore(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	g := reserve(t, s, "x")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestClosedStore(t *testing.T) {
 
 func TestInvalidDrafts(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	tests := []struct {
 		d    Draft
@@ -139,7 +139,7 @@ func ptr[T any](v T) *T { return &v }
 
 func TestNamespaceQuota(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{MaxLeasesPerUID: 2})
+	s, _, _ := newTestStore(t, Options{MaxLeasesPerUID: 2})
 	ctx := context.Background()
 	for _, p := range []string{"a", "b"} {
 		if _, err := s.Mkdir(ctx, p, 1000, 1000); err != nil {

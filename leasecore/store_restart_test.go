@@ -24,7 +24,7 @@ func recordFiles(t *testing.T, state string) int {
 
 func TestGenerationIncreasesAcrossReserves(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	var last uint64
 	for i := range 5 {
@@ -60,7 +60,7 @@ func TestGenerationSurvivesPruning(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s, clock, state := newStore(t, Options{HistoryKeep: 2})
+			s, clock, state := newTestStore(t, Options{HistoryKeep: 2})
 			ctx := context.Background()
 			var grants []Grant
 			for i := range 10 {
@@ -105,7 +105,7 @@ func TestGenerationSurvivesPruning(t *testing.T) {
 
 func TestRestartKeepsTokenLeaseWithoutExtending(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "feature-a")
 	clock.Advance(2 * time.Minute)
@@ -139,7 +139,7 @@ func TestWallClockStepsNeitherExpireNorExtend(t *testing.T) {
 	for _, step := range []time.Duration{time.Hour, -time.Hour, 24 * time.Hour, -10 * time.Minute} {
 		t.Run(step.String(), func(t *testing.T) {
 			t.Parallel()
-			s, clock, _ := newStore(t, Options{})
+			s, clock, _ := newTestStore(t, Options{})
 			ctx := context.Background()
 			reserve(t, s, "x")
 			clock.Advance(time.Minute)
@@ -163,7 +163,7 @@ func TestWallClockStepsNeitherExpireNorExtend(t *testing.T) {
 
 func TestHandleLeasesEndedAtOpen(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	h, err := s.Reserve(ctx, Draft{Resource: "session-1", Mode: ModeHandle, HolderUID: 1000})
 	if err != nil {
@@ -209,7 +209,7 @@ func TestHandleLeasesEndedAtOpen(t *testing.T) {
 
 func TestReadOnlyStore(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	reserve(t, s, "y")
@@ -252,7 +252,8 @@ func TestReadOnlyStore(t *testing.T) {
 	_, mutations["Release"] = ro.Release(ctx, g.Lease.ID, g.Token, StatusComplete, nil)
 	_, mutations["End"] = ro.End(ctx, g.Lease.ID, StatusComplete)
 	_, mutations["RequestTakeover"] = ro.RequestTakeover(ctx, g.Lease.ID, TakeoverRequest{By: "me"})
-	_, mutations["EndResource"] = ro.EndResource(ctx, "x", StatusAbandoned)
+	_, mutations["Acquire"] = ro.Acquire(ctx, Draft{Resource: "z"})
+	_, mutations["Bind"] = ro.Bind(ctx, g.Lease.ID, 1)
 	_, mutations["Mkdir"] = ro.Mkdir(ctx, "ns2", 0, 0)
 	mutations["Rmdir"] = ro.Rmdir(ctx, "ns")
 	_, mutations["Reap"] = ro.Reap(ctx)
@@ -317,7 +318,7 @@ func TestDuplicateActiveRecordsNewerWins(t *testing.T) {
 // (root ignores permission bits, so chmod cannot make it unwritable).
 func TestPersistFailureChangesNothing(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	dir := filepath.Join(state, LeasesDir)
@@ -363,7 +364,7 @@ func TestPersistFailureChangesNothing(t *testing.T) {
 // and the record is written by a later Reap once it can be.
 func TestDeferrableEndsSurvivePersistFailure(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{LeaseDuration: time.Minute})
+	s, clock, state := newTestStore(t, Options{LeaseDuration: time.Minute})
 	ctx := context.Background()
 	expiring := reserve(t, s, "expiring")
 	handle, err := s.Reserve(ctx, Draft{Resource: "handle", Mode: ModeHandle, HolderUID: 1000})

@@ -42,7 +42,7 @@ func openStore(t testing.TB, state string, opts Options) *FileStore {
 
 // newStore opens a fresh store in its own temporary state directory with a
 // fake clock at testStart.
-func newStore(t *testing.T, opts Options) (*FileStore, *FakeClock, string) {
+func newTestStore(t *testing.T, opts Options) (*FileStore, *FakeClock, string) {
 	t.Helper()
 	clock := NewFakeClock(testStart)
 	opts.Clock = clock
@@ -61,6 +61,18 @@ func reserve(t testing.TB, s Store, resource string) Grant {
 }
 
 // recordPath is the record file of lease id in state.
+// reap runs the store's reaper once, as its goroutine would.
+func reap(t testing.TB, s interface {
+	Reap(context.Context) ([]Lease, error)
+}) []Lease {
+	t.Helper()
+	ended, err := s.Reap(context.Background())
+	if err != nil {
+		t.Fatalf("Reap: %v", err)
+	}
+	return ended
+}
+
 func recordPath(state, id string) string {
 	return filepath.Join(state, LeasesDir, id+".toml")
 }
@@ -92,7 +104,7 @@ func wantErr(t *testing.T, what string, err, want error) {
 
 func TestReserveGrant(t *testing.T) {
 	t.Parallel()
-	s, _, state := newStore(t, Options{})
+	s, _, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "feature-a")
 	l := g.Lease
@@ -122,7 +134,7 @@ func TestReserveGrant(t *testing.T) {
 // The reference store's test token_is_required_to_renew_or_release.
 func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	mkdir(t, s, "feature")
 	ctx := context.Background()
 	g := reserve(t, s, "feature/a")
@@ -165,7 +177,7 @@ func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 // The reference store's test expired_lease_does_not_block_a_new_owner.
 func TestExpiredLeaseDoesNotBlockNewOwner(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	mkdir(t, s, "feature")
 	ctx := context.Background()
 	first := reserve(t, s, "feature/a")
@@ -197,7 +209,7 @@ func TestExpiredLeaseDoesNotBlockNewOwner(t *testing.T) {
 // The reference store's test stored_lease_does_not_contain_bearer_token.
 func TestStoredRecordHasNoToken(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	mkdir(t, s, "feature")
 	ctx := context.Background()
 	g := reserve(t, s, "feature/a")
@@ -234,7 +246,7 @@ func TestStoredRecordHasNoToken(t *testing.T) {
 
 func TestReserveHeldNamesHolder(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	mkdir(t, s, "feature")
 	first := reserve(t, s, "feature/a")
 	_, err := s.Reserve(context.Background(), Draft{Resource: "feature/a", HolderUID: 2000})
@@ -253,7 +265,7 @@ func TestReserveHeldNamesHolder(t *testing.T) {
 
 func TestOperationsOnUnknownEndedAndInvalidLeases(t *testing.T) {
 	t.Parallel()
-	s, _, _ := newStore(t, Options{})
+	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	ended := reserve(t, s, "ended")
 	if _, err := s.End(ctx, ended.Lease.ID, StatusComplete); err != nil {
@@ -289,7 +301,7 @@ func TestOperationsOnUnknownEndedAndInvalidLeases(t *testing.T) {
 
 func TestEndAndEndStatus(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{})
+	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	for _, bad := range []Status{StatusActive, "", "weird"} {
@@ -312,7 +324,7 @@ func TestEndAndEndStatus(t *testing.T) {
 
 func TestRequestTakeover(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newStore(t, Options{})
+	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
 	clock.Advance(time.Minute)
@@ -349,34 +361,9 @@ func TestRequestTakeover(t *testing.T) {
 	check(live)
 }
 
-func TestEndResource(t *testing.T) {
-	t.Parallel()
-	s, _, _ := newStore(t, Options{})
-	ctx := context.Background()
-	g := reserve(t, s, "x")
-	reserve(t, s, "y")
-	_, err := s.EndResource(ctx, "x", StatusActive)
-	wantErr(t, "EndResource with status active", err, ErrInvalidArgument)
-	ended, err := s.EndResource(ctx, "x", StatusAbandoned)
-	if err != nil || len(ended) != 1 || ended[0].ID != g.Lease.ID || ended[0].Status != StatusAbandoned {
-		t.Fatalf("EndResource = %+v, %v", ended, err)
-	}
-	_, err = s.Live(ctx, "x")
-	wantErr(t, "Live after EndResource", err, ErrNotFound)
-	if _, err := s.Live(ctx, "y"); err != nil {
-		t.Fatalf("EndResource(x) ended y: %v", err)
-	}
-	ended, err = s.EndResource(ctx, "x", StatusAbandoned)
-	if err != nil || len(ended) != 0 {
-		t.Fatalf("second EndResource = %+v, %v", ended, err)
-	}
-	_, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
-	wantErr(t, "Renew after EndResource", err, ErrInactive)
-}
-
 func TestListAndHistory(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{})
+	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	for _, r := range []string{"c", "a", "b"} {
 		reserve(t, s, r)
@@ -413,7 +400,7 @@ func TestListAndHistory(t *testing.T) {
 
 func TestReapEndsExpiredLeases(t *testing.T) {
 	t.Parallel()
-	s, clock, _ := newStore(t, Options{LeaseDuration: time.Minute})
+	s, clock, _ := newTestStore(t, Options{LeaseDuration: time.Minute})
 	ctx := context.Background()
 	old := reserve(t, s, "old")
 	clock.Advance(30 * time.Second)

@@ -20,20 +20,20 @@ import (
 // and ignored when no daemon serves the directory.
 const waitersName = "waiters.toml"
 
-// saveWaiters rewrites the waiters file (temporary file and rename, no
-// fsync). Failures are logged at debug level only: the counts are
-// informational. The caller holds mu.
-func (s *FileStore) saveWaiters() {
+// publishWaiters rewrites the waiters file with counts (temporary file and
+// rename, no fsync; persister). Failures are logged at debug level only:
+// the counts are informational.
+func (s *FileStore) publishWaiters(counts map[string]int) {
 	path := filepath.Join(s.state, waitersName)
-	if len(s.waiters) == 0 {
+	if len(counts) == 0 {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.opts.Logger.Debug("removing the waiters file failed", "err", err)
 		}
 		return
 	}
 	var b strings.Builder
-	for _, r := range slices.Sorted(maps.Keys(s.waiters)) {
-		b.WriteString(QuoteTOML(r) + " = " + strconv.Itoa(s.waiters[r]) + "\n")
+	for _, r := range slices.Sorted(maps.Keys(counts)) {
+		b.WriteString(QuoteTOML(r) + " = " + strconv.Itoa(counts[r]) + "\n")
 	}
 	tmp := filepath.Join(s.state, "."+waitersName+".tmp")
 	err := os.WriteFile(tmp, []byte(b.String()), 0o600)
@@ -45,22 +45,24 @@ func (s *FileStore) saveWaiters() {
 	}
 }
 
-// loadWaiters reads the waiters file of a serving daemon into s.waiters;
+// loadWaiters returns the counts in the waiters file of a serving daemon;
 // a missing or corrupt file means no waiters.
-func (s *FileStore) loadWaiters() {
+func (s *FileStore) loadWaiters() map[string]int {
+	out := make(map[string]int)
 	data, err := os.ReadFile(filepath.Join(s.state, waitersName))
 	if err != nil {
-		return
+		return out
 	}
 	m := make(map[string]int64)
 	if _, err := toml.Decode(string(data), &m); err != nil {
-		return
+		return out
 	}
 	for r, n := range m {
 		if n > 0 && n <= 1<<31-1 {
-			s.waiters[r] = int(n)
+			out[r] = int(n)
 		}
 	}
+	return out
 }
 
 // removeWaiters removes the waiters file of a previous daemon, whose

@@ -3,14 +3,12 @@ package leasecore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
-
-	"golang.org/x/sys/unix"
 )
 
 // maxAnnotationLen bounds each annotation string and takeover reason.
@@ -62,21 +60,79 @@ func applyAnnotations(l *Lease, ann Annotations) error {
 // Reserve grants a new lease on d.Resource when it has no live lease; see
 // [Store.Reserve]. A dead lease on the name is ended as abandoned first
 // (docs/PROTOCOL.md §5). The record is durable before Reserve returns.
-func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
-	if err := ValidateResource(d.Resource); err != nil {
+func (s *store) Reserve(ctx context.Context, d Draft) (Grant, error) {
+	d, err := checkDraft(d)
+	if err != nil {
 		return Grant{}, err
+	}
+	if err := s.begin(true); err != nil {
+		return Grant{}, err
+	}
+	defer s.mu.Unlock()
+	return s.reserveLocked(d)
+}
+
+// Acquire reserves a lease like Reserve, waiting first come first served
+// while another holds the name; see [Store.Acquire].
+func (s *store) Acquire(ctx context.Context, d Draft) (Grant, error) {
+	d, err := checkDraft(d)
+	if err != nil {
+		return Grant{}, err
+	}
+	if err := s.begin(true); err != nil {
+		return Grant{}, err
+	}
+	defer s.mu.Unlock()
+	var w *waiter
+	defer func() {
+		if w != nil {
+			s.queues.remove(d.Resource, w)
+			s.disk.publishWaiters(s.queues.counts())
+		}
+	}()
+	for {
+		if s.closed {
+			return Grant{}, ErrClosed
+		}
+		if w == nil && s.queues.count(d.Resource) == 0 || w != nil && s.queues.isHead(d.Resource, w) {
+			g, err := s.reserveLocked(d)
+			if !errors.Is(err, ErrHeld) {
+				return g, err
+			}
+		}
+		if w == nil {
+			w = s.queues.enqueue(d.Resource)
+			s.disk.publishWaiters(s.queues.counts())
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-w.turn:
+		}
+		s.mu.Lock()
+		if ctx.Err() != nil {
+			return Grant{}, ctx.Err()
+		}
+	}
+}
+
+// checkDraft validates d and fills its default mode.
+func checkDraft(d Draft) (Draft, error) {
+	if err := ValidateResource(d.Resource); err != nil {
+		return d, err
 	}
 	switch d.Mode {
 	case "":
 		d.Mode = ModeToken
 	case ModeToken, ModeHandle:
 	default:
-		return Grant{}, fmt.Errorf("%w: mode %q", ErrInvalidArgument, d.Mode)
+		return d, fmt.Errorf("%w: mode %q", ErrInvalidArgument, d.Mode)
 	}
-	if err := s.begin(true); err != nil {
-		return Grant{}, err
-	}
-	defer s.mu.Unlock()
+	return d, nil
+}
+
+// reserveLocked is Reserve with mu held.
+func (s *store) reserveLocked(d Draft) (Grant, error) {
 
 	if parent := parentOf(d.Resource); parent != "" {
 		if _, ok := s.namespaces[parent]; !ok {
@@ -98,8 +154,13 @@ func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 	if s.perUID[d.HolderUID] >= s.opts.MaxLeasesPerUID {
 		// The count includes leases that died since they were last
 		// looked at: end those before refusing (docs/PROTOCOL.md §7 limits live ones).
-		if _, err := s.liveLocked(func(e *entry) bool { return e.lease.HolderUID == d.HolderUID }); err != nil {
-			return Grant{}, err
+		for _, e := range s.live {
+			if e.lease.HolderUID != d.HolderUID {
+				continue
+			}
+			if _, err := s.checkLive(e); err != nil {
+				return Grant{}, err
+			}
 		}
 		if s.perUID[d.HolderUID] >= s.opts.MaxLeasesPerUID {
 			return Grant{}, fmt.Errorf("%w: uid %d holds %d live leases", ErrQuota, d.HolderUID, s.perUID[d.HolderUID])
@@ -125,19 +186,21 @@ func (s *FileStore) Reserve(ctx context.Context, d Draft) (Grant, error) {
 		return Grant{}, err
 	}
 	hash := HashToken(token)
-	if err := s.writeRecord(&l, hash); err != nil {
+	if err := s.disk.writeRecord(&l, hash); err != nil {
 		return Grant{}, err
 	}
 	s.hw = l.Generation
 	e := &entry{lease: l, hash: hash, hbMono: s.opts.Clock.Mono()}
 	s.leases[l.ID] = e
 	s.addLive(e)
-	return Grant{Lease: s.snapshot(e), Token: token}, nil
+	snap := s.snapshot(e)
+	s.feed.publish(Event{Kind: EventReserved, Lease: snap})
+	return Grant{Lease: snap, Token: token}, nil
 }
 
 // lookupActive finds lease id and checks that it is live, ending it if it
 // is dead. The caller holds mu.
-func (s *FileStore) lookupActive(id string) (*entry, error) {
+func (s *store) lookupActive(id string) (*entry, error) {
 	if err := ValidateLeaseID(id); err != nil {
 		return nil, err
 	}
@@ -158,7 +221,7 @@ func (s *FileStore) lookupActive(id string) (*entry, error) {
 // mutateActive runs change on live lease id under the store's mutex, after
 // checking token when one is given, and returns the resulting lease. change
 // must persist before it alters the entry. The caller does not hold mu.
-func (s *FileStore) mutateActive(id string, token *string, change func(*entry) error) (Lease, error) {
+func (s *store) mutateActive(id string, token *string, change func(*entry) error) (Lease, error) {
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -173,19 +236,23 @@ func (s *FileStore) mutateActive(id string, token *string, change func(*entry) e
 	if err := change(e); err != nil {
 		return Lease{}, err
 	}
-	return s.snapshot(e), nil
+	snap := s.snapshot(e)
+	if snap.Live() {
+		s.feed.publish(Event{Kind: EventChanged, Lease: snap})
+	}
+	return snap, nil
 }
 
 // Renew authenticates token and moves the heartbeat of lease id to now,
 // applying ann; see [Store.Renew].
-func (s *FileStore) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
+func (s *store) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
 	return s.mutateActive(id, &token, func(e *entry) error {
 		l := e.lease
 		if err := applyAnnotations(&l, ann); err != nil {
 			return err
 		}
 		l.HeartbeatAt = s.opts.Clock.Now().UTC()
-		if err := s.writeRecord(&l, e.hash); err != nil {
+		if err := s.disk.writeRecord(&l, e.hash); err != nil {
 			return err
 		}
 		e.lease, e.hbMono = l, s.opts.Clock.Mono()
@@ -202,7 +269,7 @@ func checkEndStatus(status Status) error {
 
 // Release authenticates token, applies ann and ends lease id with status;
 // see [Store.Release].
-func (s *FileStore) Release(ctx context.Context, id, token string, status Status, ann Annotations) (Lease, error) {
+func (s *store) Release(ctx context.Context, id, token string, status Status, ann Annotations) (Lease, error) {
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
@@ -216,7 +283,7 @@ func (s *FileStore) Release(ctx context.Context, id, token string, status Status
 }
 
 // End ends lease id with status without a token; see [Store.End].
-func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, error) {
+func (s *store) End(ctx context.Context, id string, status Status) (Lease, error) {
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
@@ -226,7 +293,7 @@ func (s *FileStore) End(ctx context.Context, id string, status Status) (Lease, e
 }
 
 // Bind turns live lease id into a handle lease; see [Store.Bind].
-func (s *FileStore) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
+func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
 	return s.mutateActive(id, nil, func(e *entry) error {
 		if e.lease.Mode == ModeHandle {
 			return nil
@@ -236,7 +303,7 @@ func (s *FileStore) Bind(ctx context.Context, id string, holderPID int) (Lease, 
 		if holderPID > 0 {
 			l.HolderPID = holderPID
 		}
-		if err := s.writeRecord(&l, e.hash); err != nil {
+		if err := s.disk.writeRecord(&l, e.hash); err != nil {
 			return err
 		}
 		e.lease = l
@@ -245,7 +312,7 @@ func (s *FileStore) Bind(ctx context.Context, id string, holderPID int) (Lease, 
 }
 
 // RequestTakeover records req on live lease id; see [Store.RequestTakeover].
-func (s *FileStore) RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error) {
+func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error) {
 	for _, text := range []string{req.By, req.Reason} {
 		if err := checkText(text); err != nil {
 			return Lease{}, err
@@ -256,7 +323,7 @@ func (s *FileStore) RequestTakeover(ctx context.Context, id string, req Takeover
 		l.TakeoverRequestedBy = req.By
 		l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()
 		l.TakeoverReason = req.Reason
-		if err := s.writeRecord(&l, e.hash); err != nil {
+		if err := s.disk.writeRecord(&l, e.hash); err != nil {
 			return err
 		}
 		e.lease = l
@@ -265,27 +332,20 @@ func (s *FileStore) RequestTakeover(ctx context.Context, id string, req Takeover
 }
 
 // Live returns the live lease on resource; see [Store.Live].
-func (s *FileStore) Live(ctx context.Context, resource string) (Lease, error) {
+func (s *store) Live(ctx context.Context, resource string) (Lease, error) {
 	if err := s.begin(false); err != nil {
 		return Lease{}, err
 	}
 	defer s.mu.Unlock()
 	e := s.live[resource]
-	if e == nil {
-		return Lease{}, fmt.Errorf("%w: no live lease on %q", ErrNotFound, resource)
-	}
-	live, err := s.checkLive(e)
-	if err != nil {
-		return Lease{}, err
-	}
-	if !live {
+	if e == nil || !s.alive(e) {
 		return Lease{}, fmt.Errorf("%w: no live lease on %q", ErrNotFound, resource)
 	}
 	return s.snapshot(e), nil
 }
 
 // Load returns lease id in any status; see [Store.Load].
-func (s *FileStore) Load(ctx context.Context, id string) (Lease, error) {
+func (s *store) Load(ctx context.Context, id string) (Lease, error) {
 	if err := ValidateLeaseID(id); err != nil {
 		return Lease{}, err
 	}
@@ -297,44 +357,34 @@ func (s *FileStore) Load(ctx context.Context, id string) (Lease, error) {
 	if e == nil {
 		return Lease{}, fmt.Errorf("%w: lease %s", ErrNotFound, id)
 	}
-	if _, err := s.checkLive(e); err != nil {
-		return Lease{}, err
-	}
-	return s.snapshot(e), nil
+	return s.view(e), nil
 }
 
-// liveLocked returns the live leases accepted by keep, ending (or, read-only,
-// skipping) dead ones. The caller holds mu.
-func (s *FileStore) liveLocked(keep func(*entry) bool) ([]Lease, error) {
+// liveLocked returns the live leases accepted by keep, sorted by resource;
+// dead ones are left to the reaper. The caller holds mu.
+func (s *store) liveLocked(keep func(*entry) bool) []Lease {
 	var out []Lease
 	for _, e := range s.live {
-		if !keep(e) {
-			continue
-		}
-		live, err := s.checkLive(e)
-		if err != nil {
-			return nil, err
-		}
-		if live {
+		if keep(e) && s.alive(e) {
 			out = append(out, s.snapshot(e))
 		}
 	}
 	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Resource, b.Resource) })
-	return out, nil
+	return out
 }
 
 // List returns every live lease sorted by resource; see [Store.List].
-func (s *FileStore) List(ctx context.Context) ([]Lease, error) {
+func (s *store) List(ctx context.Context) ([]Lease, error) {
 	if err := s.begin(false); err != nil {
 		return nil, err
 	}
 	defer s.mu.Unlock()
-	return s.liveLocked(func(*entry) bool { return true })
+	return s.liveLocked(func(*entry) bool { return true }), nil
 }
 
 // ListDir returns the namespaces and live leases directly inside dir; see
 // [Store.ListDir].
-func (s *FileStore) ListDir(ctx context.Context, dir string) ([]Namespace, []Lease, error) {
+func (s *store) ListDir(ctx context.Context, dir string) ([]Namespace, []Lease, error) {
 	if err := s.begin(false); err != nil {
 		return nil, nil, err
 	}
@@ -349,12 +399,11 @@ func (s *FileStore) ListDir(ctx context.Context, dir string) ([]Namespace, []Lea
 		}
 	}
 	slices.SortFunc(nss, func(a, b Namespace) int { return strings.Compare(a.Path, b.Path) })
-	leases, err := s.liveLocked(func(e *entry) bool { return parentOf(e.lease.Resource) == dir })
-	return nss, leases, err
+	return nss, s.liveLocked(func(e *entry) bool { return parentOf(e.lease.Resource) == dir }), nil
 }
 
 // History returns ended leases newest first; see [Store.History].
-func (s *FileStore) History(ctx context.Context, resource string) ([]Lease, error) {
+func (s *store) History(ctx context.Context, resource string) ([]Lease, error) {
 	if err := s.begin(false); err != nil {
 		return nil, err
 	}
@@ -371,117 +420,6 @@ func (s *FileStore) History(ctx context.Context, resource string) ([]Lease, erro
 	return out, nil
 }
 
-// EndResource ends every active lease of resource; see [Store.EndResource].
-func (s *FileStore) EndResource(ctx context.Context, resource string, status Status) ([]Lease, error) {
-	if err := checkEndStatus(status); err != nil {
-		return nil, err
-	}
-	if err := s.begin(true); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	var ended []Lease
-	for _, e := range s.leases {
-		if e.lease.Resource == resource && e.lease.Status == StatusActive {
-			if err := s.endLocked(e, e.lease, status, "resource ended", false); err != nil {
-				return ended, err
-			}
-			ended = append(ended, s.snapshot(e))
-		}
-	}
-	return ended, nil
-}
-
-// Reap ends every dead lease as abandoned and returns them, then prunes
-// history beyond Options.HistoryKeep; see [Store.Reap].
-func (s *FileStore) Reap(ctx context.Context) ([]Lease, error) {
-	if err := s.begin(true); err != nil {
-		return nil, err
-	}
-	defer s.mu.Unlock()
-	if err := s.syncLocked(); err != nil {
-		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
-	}
-	var ended []Lease
-	for _, e := range s.live {
-		live, err := s.checkLive(e)
-		if err != nil {
-			return ended, err
-		}
-		if !live {
-			ended = append(ended, s.snapshot(e))
-		}
-	}
-	return ended, s.pruneLocked()
-}
-
-// pruneLocked removes the oldest ended records beyond HistoryKeep, after
-// persisting the generation high-water mark so that no generation is ever
-// granted twice (docs/PROTOCOL.md §1). The caller holds mu.
-func (s *FileStore) pruneLocked() error {
-	var ended []*entry
-	for _, e := range s.leases {
-		if e.lease.Status != StatusActive {
-			ended = append(ended, e)
-		}
-	}
-	excess := len(ended) - s.opts.HistoryKeep
-	if excess <= 0 {
-		return nil
-	}
-	if err := s.saveGeneration(); err != nil {
-		return err
-	}
-	slices.SortFunc(ended, func(a, b *entry) int {
-		return cmp.Or(a.lease.CompletedAt.Compare(b.lease.CompletedAt), cmp.Compare(a.lease.Generation, b.lease.Generation))
-	})
-	unlock, err := s.flock(unix.LOCK_EX)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	for _, e := range ended[:excess] {
-		path := filepath.Join(s.dir, e.lease.ID+".toml")
-		if err := removeFile(path); err != nil {
-			return err
-		}
-		delete(s.leases, e.lease.ID)
-		delete(s.unsynced, e.lease.ID)
-	}
-	if err := s.dirFile.Sync(); err != nil {
-		return &PersistError{Op: "sync", Path: s.dir, Err: err}
-	}
-	return nil
-}
-
-// saveGeneration persists the generation high-water mark. The caller holds mu.
-func (s *FileStore) saveGeneration() error {
-	if s.hwSaved >= s.hw {
-		return nil
-	}
-	data := []byte(strconv.FormatUint(s.hw, 10) + "\n")
-	if err := writeFile(s.stFile, filepath.Join(s.state, generationName), data); err != nil {
-		return err
-	}
-	s.hwSaved = s.hw
-	return nil
-}
-
-// AddWaiters adds delta to the count of blocked flock waiters on resource;
-// see [Store.AddWaiters]. The count lives in memory and, for "leasefs ls"
-// and "status", in the waiters file of the state directory, rewritten
-// without fsync: it describes blocked calls of this daemon, which do not
-// outlive it.
-func (s *FileStore) AddWaiters(resource string, delta int) {
-	if err := s.begin(true); err != nil {
-		return
-	}
-	defer s.mu.Unlock()
-	n := s.waiters[resource] + delta
-	if n <= 0 {
-		delete(s.waiters, resource)
-	} else {
-		s.waiters[resource] = n
-	}
-	s.saveWaiters()
-}
+// Watch returns the change feed: every event from now on, in order, until
+// ctx is done or the store is closed; see [Store.Watch].
+func (s *store) Watch(ctx context.Context) <-chan Event { return s.feed.subscribe(ctx) }

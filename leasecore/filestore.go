@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -36,74 +34,25 @@ const (
 	durationName = "lease-duration"
 )
 
-// Options configure [OpenFileStore]. The zero value works: every zero field
-// takes its documented default.
-type Options struct {
-	// LeaseDuration is the heartbeat TTL of token leases; default
-	// [DefaultLeaseDuration], or for a ReadOnly store the duration the
-	// directory was last served with.
-	LeaseDuration time.Duration
-	// HistoryKeep is how many ended records are kept; default
-	// [DefaultHistoryKeep]. Older ones are pruned by [FileStore.Reap].
-	HistoryKeep int
-	// MaxLeasesPerUID bounds live leases per holder uid; default
-	// [DefaultMaxLeasesPerUID].
-	MaxLeasesPerUID int
-	// Clock is the time source; default [NewSystemClock].
-	Clock Clock
-	// Host is recorded as the lease host; default [Hostname].
-	Host string
-	// ReadOnly opens the store for reading under a shared lock: nothing is
-	// written, dead leases are filtered out instead of ended, and mutating
-	// methods return ErrReadOnly. Used by "leasefs ls" and "history".
-	ReadOnly bool
-	// NoDaemon, with ReadOnly, says that no daemon serves the directory:
-	// handle leases, which live only as long as a daemon's open files, are
-	// then reported dead (docs/PROTOCOL.md §2).
-	NoDaemon bool
-	// Logger receives one line per record that could not be loaded and per
-	// lease ended at open; default slog.Default().
-	Logger *slog.Logger
-}
-
-// entry is the in-memory state of one record.
-type entry struct {
-	lease Lease
-	hash  string
-	// hbMono is the heartbeat on the store's monotonic clock.
-	hbMono time.Duration
-}
-
-// FileStore is the embedded [Store]: TOML records in a state directory,
-// serialised by flock(2) across processes and by a mutex within one. All
-// methods are safe for concurrent use. A state directory must be written by
-// one FileStore at a time (the daemon lock of [AcquireFileLock] ensures it);
-// read-only stores may coexist with it.
+// FileStore is the embedded [Store]: TOML records in a state directory
+// (docs/PROTOCOL.md §4.3), serialised by flock(2) across processes and by
+// the mutex of the lease engine within one. All methods are safe for
+// concurrent use. A state directory must be written by one FileStore at a
+// time (the daemon lock ensures it); read-only stores may coexist with it.
 type FileStore struct {
-	mu       sync.Mutex
-	opts     Options
+	*store
 	state    string // the state directory
 	dir      string // state/writer-leases
 	lockFile *os.File
 	dirFile  *os.File // dir, opened for fsync
 	stFile   *os.File // state, opened for fsync
-	bootID   string
-	closed   bool
-
-	leases     map[string]*entry // by lease id, every loaded record
-	live       map[string]*entry // by resource, active leases only
-	perUID     map[uint32]int    // live leases per holder uid
-	namespaces map[string]Namespace
-	// waiters counts blocked flock waiters per resource (AddWaiters).
-	waiters map[string]int
-	// unsynced holds leases ended in memory whose record could not be
-	// written yet (see endLocked).
-	unsynced map[string]*entry
-	hw       uint64 // highest generation granted
-	hwSaved  uint64 // value in the generation file
+	hwSaved  uint64   // value in the generation file
 }
 
-var _ Store = (*FileStore)(nil)
+var (
+	_ Store     = (*FileStore)(nil)
+	_ persister = (*FileStore)(nil)
+)
 
 // OpenFileStore opens (creating if needed, mode 0700) the state directory and
 // loads its records. Unless opts.ReadOnly, it ends recorded handle leases as
@@ -116,36 +65,9 @@ var _ Store = (*FileStore)(nil)
 // Errors: filesystem errors creating, locking or listing the directory.
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
-	if opts.LeaseDuration <= 0 {
-		opts.LeaseDuration = DefaultLeaseDuration
-	}
-	if opts.HistoryKeep <= 0 {
-		opts.HistoryKeep = DefaultHistoryKeep
-	}
-	if opts.MaxLeasesPerUID <= 0 {
-		opts.MaxLeasesPerUID = DefaultMaxLeasesPerUID
-	}
-	if opts.Clock == nil {
-		opts.Clock = NewSystemClock()
-	}
-	if opts.Host == "" {
-		opts.Host = Hostname()
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	s := &FileStore{
-		opts:       opts,
-		state:      state,
-		dir:        filepath.Join(state, LeasesDir),
-		bootID:     BootID(),
-		leases:     make(map[string]*entry),
-		live:       make(map[string]*entry),
-		perUID:     make(map[uint32]int),
-		namespaces: make(map[string]Namespace),
-		waiters:    make(map[string]int),
-		unsynced:   make(map[string]*entry),
-	}
+	opts = opts.withDefaults()
+	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir)}
+	s.store = newStore(opts, s)
 	if opts.ReadOnly {
 		// Without writer-leases (or without the state directory itself) no
 		// daemon ever wrote here: the store is empty and stays untouched.
@@ -166,6 +88,9 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	if err := s.load(); err != nil {
 		s.closeFiles()
 		return nil, err
+	}
+	if !opts.ReadOnly {
+		s.startReaper()
 	}
 	return s, nil
 }
@@ -222,6 +147,9 @@ func (s *FileStore) settleDuration(adopt bool) error {
 	}
 	return writeFile(s.stFile, path, []byte(s.opts.LeaseDuration.String()+"\n"))
 }
+
+// close releases the store's files (persister).
+func (s *FileStore) close() { s.closeFiles() }
 
 func (s *FileStore) closeFiles() {
 	for _, f := range []*os.File{s.lockFile, s.dirFile, s.stFile} {
@@ -329,7 +257,7 @@ func (s *FileStore) load() error {
 	case !s.opts.ReadOnly:
 		s.removeWaiters()
 	case !s.opts.NoDaemon:
-		s.loadWaiters()
+		s.served = s.loadWaiters()
 	}
 
 	// Index active leases; settle duplicates and leftovers of a previous
@@ -361,7 +289,8 @@ func (s *FileStore) load() error {
 			if err := s.endLocked(e, e.lease, StatusAbandoned, "superseded by a newer active record", true); err != nil {
 				return err
 			}
-		case e.lease.Mode == ModeHandle:
+		case e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host:
+			// A daemon ends only its own previous handle leases.
 			if err := s.endLocked(e, e.lease, StatusAbandoned, "handle lease of a previous daemon", true); err != nil {
 				return err
 			}
@@ -378,28 +307,6 @@ func (s *FileStore) load() error {
 		}
 	}
 	return nil
-}
-
-// fillExpiry sets ExpiresAt from the heartbeat and mode.
-func (s *FileStore) fillExpiry(l *Lease) {
-	l.ExpiresAt = time.Time{}
-	if l.Mode == ModeToken && l.Status == StatusActive {
-		l.ExpiresAt = l.HeartbeatAt.Add(s.opts.LeaseDuration)
-	}
-}
-
-func (s *FileStore) addLive(e *entry) {
-	s.live[e.lease.Resource] = e
-	s.perUID[e.lease.HolderUID]++
-}
-
-func (s *FileStore) dropLive(e *entry) {
-	if s.live[e.lease.Resource] == e {
-		delete(s.live, e.lease.Resource)
-		if s.perUID[e.lease.HolderUID]--; s.perUID[e.lease.HolderUID] <= 0 {
-			delete(s.perUID, e.lease.HolderUID)
-		}
-	}
 }
 
 // readRecordFile reads a record without following symlinks or blocking on
@@ -455,128 +362,37 @@ func (s *FileStore) writeRecord(l *Lease, hash string) error {
 	return writeFile(s.dirFile, filepath.Join(s.dir, l.ID+".toml"), data)
 }
 
-// deadReason applies docs/PROTOCOL.md §5 to an active lease and returns why it is dead,
-// or "" when it is live.
-func (s *FileStore) deadReason(e *entry) string {
-	l := &e.lease
-	if l.Status != StatusActive {
-		return "ended"
-	}
-	if l.Mode == ModeHandle && s.opts.ReadOnly && s.opts.NoDaemon {
-		return "no daemon holds its open file"
-	}
-	if l.Mode == ModeToken && s.opts.Clock.Mono()-e.hbMono >= s.opts.LeaseDuration {
-		return "heartbeat expired"
-	}
-	if l.BootID != "" && s.bootID != "" && l.BootID != s.bootID {
-		return "machine rebooted"
-	}
-	if l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && processGone(l.PID, l.PIDStartTicks) {
-		return "holder process gone"
-	}
-	return ""
-}
-
-// endLocked ends e with status, durably, recording it as l (e's lease,
-// possibly with annotations applied). The caller holds mu.
-//
-// When deferrable and the record cannot be written (disk full, read-only),
-// the end still takes effect in memory and the record is written later by
-// [FileStore.Reap]: this is safe for leases that would be ended again after
-// a restart whatever the disk says, namely those dead by the liveness rules
-// of docs/PROTOCOL.md §5 and handle leases, which no daemon keeps across a restart
-// (docs/PROTOCOL.md §2). A lease released by its holder is not deferrable: the release
-// fails and nothing changes.
-func (s *FileStore) endLocked(e *entry, l Lease, status Status, reason string, deferrable bool) error {
-	l.Status = status
-	l.CompletedAt = s.opts.Clock.Now().UTC()
-	s.fillExpiry(&l)
-	if err := s.writeRecord(&l, e.hash); err != nil {
-		if !deferrable {
-			return err
-		}
-		s.unsynced[l.ID] = e
-		s.opts.Logger.Warn("lease ended in memory; its record will be written when the disk allows",
-			"resource", l.Resource, "lease", l.ID, "err", err)
-	}
-	s.dropLive(e)
-	e.lease = l
-	if status == StatusAbandoned {
-		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
-			"generation", l.Generation, "status", status, "reason", reason)
-	}
-	return nil
-}
-
-// syncLocked writes the records of leases ended in memory only. The caller
-// holds mu.
-func (s *FileStore) syncLocked() error {
-	for id, e := range s.unsynced {
-		if err := s.writeRecord(&e.lease, e.hash); err != nil {
-			return err
-		}
-		delete(s.unsynced, id)
-	}
-	return nil
-}
-
-// checkLive ends e if it is dead. It reports whether e is live. In a
-// read-only store a dead lease is only reported.
-func (s *FileStore) checkLive(e *entry) (bool, error) {
-	reason := s.deadReason(e)
-	if reason == "" {
-		return true, nil
-	}
-	if e.lease.Status != StatusActive || s.opts.ReadOnly {
-		return false, nil
-	}
-	return false, s.endLocked(e, e.lease, StatusAbandoned, reason, true)
-}
-
-// LeaseDuration returns the heartbeat TTL of token leases. Safe for
-// concurrent use.
-func (s *FileStore) LeaseDuration() time.Duration { return s.opts.LeaseDuration }
-
 // Dir returns the state directory. Safe for concurrent use.
 func (s *FileStore) Dir() string { return s.state }
 
-// Close closes the store's files. Further calls return ErrClosed. Safe for
-// concurrent use; a second Close is a no-op.
-func (s *FileStore) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
+// removeRecords deletes the records of pruned leases and fsyncs the
+// directory (persister).
+func (s *FileStore) removeRecords(ids []string) error {
+	unlock, err := s.flock(unix.LOCK_EX)
+	if err != nil {
+		return err
 	}
-	if !s.opts.ReadOnly {
-		if err := s.syncLocked(); err != nil {
-			s.opts.Logger.Warn("closing with ended leases not yet written", "count", len(s.unsynced), "err", err)
+	defer unlock()
+	for _, id := range ids {
+		if err := removeFile(filepath.Join(s.dir, id+".toml")); err != nil {
+			return err
 		}
 	}
-	s.closed = true
-	s.closeFiles()
-	return nil
-}
-
-// begin takes mu and checks the store is open (and writable when write).
-func (s *FileStore) begin(write bool) error {
-	s.mu.Lock()
-	switch {
-	case s.closed:
-		s.mu.Unlock()
-		return ErrClosed
-	case write && s.opts.ReadOnly:
-		s.mu.Unlock()
-		return ErrReadOnly
+	if err := s.dirFile.Sync(); err != nil {
+		return &PersistError{Op: "sync", Path: s.dir, Err: err}
 	}
 	return nil
 }
 
-func (s *FileStore) snapshot(e *entry) Lease {
-	l := e.lease
-	s.fillExpiry(&l)
-	if l.Status == StatusActive {
-		l.Waiters = s.waiters[l.Resource]
+// saveGeneration persists the generation high-water mark hw (persister).
+func (s *FileStore) saveGeneration(hw uint64) error {
+	if s.hwSaved >= hw {
+		return nil
 	}
-	return l
+	data := []byte(strconv.FormatUint(hw, 10) + "\n")
+	if err := writeFile(s.stFile, filepath.Join(s.state, generationName), data); err != nil {
+		return err
+	}
+	s.hwSaved = hw
+	return nil
 }

@@ -1,0 +1,419 @@
+package leasecore
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Options configure [OpenFileStore] and [NewMemStore]. The zero value works:
+// every zero field takes its documented default.
+type Options struct {
+	// LeaseDuration is the heartbeat TTL of token leases; default
+	// [DefaultLeaseDuration], or for a ReadOnly file store the duration the
+	// directory was last served with.
+	LeaseDuration time.Duration
+	// HistoryKeep is how many ended records are kept; default
+	// [DefaultHistoryKeep]. Older ones are pruned by the reaper.
+	HistoryKeep int
+	// MaxLeasesPerUID bounds live leases per holder uid; default
+	// [DefaultMaxLeasesPerUID].
+	MaxLeasesPerUID int
+	// ReapInterval is how often the store's reaper ends dead leases;
+	// default a tenth of the lease duration, clamped to [50ms, 1s]. A read
+	// that finds a dead lease wakes the reaper at once.
+	ReapInterval time.Duration
+	// Clock is the time source; default [NewSystemClock].
+	Clock Clock
+	// Host is recorded as the lease host and is the daemon identity of
+	// handle leases; default [Hostname]. The pid and boot-id liveness rules
+	// apply only to leases recorded by this host (docs/PROTOCOL.md §8a).
+	Host string
+	// ReadOnly opens the store for reading under a shared lock: nothing is
+	// written, no reaper runs, and mutating methods return ErrReadOnly.
+	// Used by "leasefs ls" and "history".
+	ReadOnly bool
+	// NoDaemon, with ReadOnly, says that no daemon serves the directory:
+	// handle leases of this host, which live only as long as a daemon's
+	// open files, are then reported dead (docs/PROTOCOL.md §2).
+	NoDaemon bool
+	// Logger receives one line per record that could not be loaded and per
+	// lease ended by a liveness rule; default slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns o with every zero field set to its default.
+func (o Options) withDefaults() Options {
+	if o.LeaseDuration <= 0 {
+		o.LeaseDuration = DefaultLeaseDuration
+	}
+	if o.HistoryKeep <= 0 {
+		o.HistoryKeep = DefaultHistoryKeep
+	}
+	if o.MaxLeasesPerUID <= 0 {
+		o.MaxLeasesPerUID = DefaultMaxLeasesPerUID
+	}
+	if o.ReapInterval <= 0 {
+		o.ReapInterval = min(max(o.LeaseDuration/10, 50*time.Millisecond), time.Second)
+	}
+	if o.Clock == nil {
+		o.Clock = NewSystemClock()
+	}
+	if o.Host == "" {
+		o.Host = Hostname()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// persister makes the changes of a [store] durable. Its methods are called
+// with the store's mutex held, and must not call back into the store.
+type persister interface {
+	// writeRecord replaces the record of l durably.
+	writeRecord(l *Lease, tokenHash string) error
+	// removeRecords deletes the records of pruned leases durably.
+	removeRecords(ids []string) error
+	// saveGeneration records the generation high-water mark hw durably.
+	saveGeneration(hw uint64) error
+	// saveNamespaces replaces the set of namespaces durably.
+	saveNamespaces(nss map[string]Namespace) error
+	// publishWaiters tells readers of the store how many flock waiters
+	// each resource has; advisory, never fails.
+	publishWaiters(counts map[string]int)
+	// close releases the persister's files.
+	close()
+}
+
+// entry is the in-memory state of one record.
+type entry struct {
+	lease Lease
+	hash  string
+	// hbMono is the heartbeat on the store's monotonic clock.
+	hbMono time.Duration
+}
+
+// store is the lease engine shared by [FileStore] and [MemStore]: the index
+// of leases and namespaces, the liveness rules, the wait queues, the change
+// feed and the reaper. Its methods are safe for concurrent use.
+//
+// Lock order: mu, then the feed's and the subscribers' locks (publishing
+// under mu only appends to queues). Nothing is called back with mu held.
+type store struct {
+	mu     sync.Mutex
+	opts   Options
+	disk   persister
+	bootID string
+	closed bool
+
+	leases     map[string]*entry // by lease id, every loaded record
+	live       map[string]*entry // by resource, active leases only
+	perUID     map[uint32]int    // live leases per holder uid
+	namespaces map[string]Namespace
+	queues     waitQueues
+	// served counts the waiters of the daemon serving the directory, for
+	// a read-only store ("leasefs ls"); see waitersName.
+	served map[string]int
+	// unsynced holds leases ended in memory whose record could not be
+	// written yet (see endLocked).
+	unsynced map[string]*entry
+	hw       uint64 // highest generation granted
+
+	feed feed
+	// kick wakes the reaper early: a read found a dead lease.
+	kick chan struct{}
+	// stopReaper ends the reaper goroutine; reaped is closed when it has.
+	stopReaper context.CancelFunc
+	reaped     chan struct{}
+}
+
+func newStore(opts Options, disk persister) *store {
+	return &store{
+		opts:       opts,
+		disk:       disk,
+		bootID:     BootID(),
+		leases:     make(map[string]*entry),
+		live:       make(map[string]*entry),
+		perUID:     make(map[uint32]int),
+		namespaces: make(map[string]Namespace),
+		queues:     make(waitQueues),
+		unsynced:   make(map[string]*entry),
+		kick:       make(chan struct{}, 1),
+	}
+}
+
+// startReaper runs the reaper until Close: every ReapInterval, and at once
+// when a read found a dead lease, it ends dead leases and prunes history.
+func (s *store) startReaper() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopReaper, s.reaped = cancel, make(chan struct{})
+	go func() {
+		defer close(s.reaped)
+		tick := time.NewTicker(s.opts.ReapInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			case <-s.kick:
+			}
+			if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
+				s.opts.Logger.Error("reap failed", "err", err)
+			}
+		}
+	}()
+}
+
+// wakeReaper asks the reaper to run soon; it never blocks.
+func (s *store) wakeReaper() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// fillExpiry sets ExpiresAt from the heartbeat and mode.
+func (s *store) fillExpiry(l *Lease) {
+	l.ExpiresAt = time.Time{}
+	if l.Mode == ModeToken && l.Status == StatusActive {
+		l.ExpiresAt = l.HeartbeatAt.Add(s.opts.LeaseDuration)
+	}
+}
+
+func (s *store) addLive(e *entry) {
+	s.live[e.lease.Resource] = e
+	s.perUID[e.lease.HolderUID]++
+}
+
+func (s *store) dropLive(e *entry) {
+	if s.live[e.lease.Resource] == e {
+		delete(s.live, e.lease.Resource)
+		if s.perUID[e.lease.HolderUID]--; s.perUID[e.lease.HolderUID] <= 0 {
+			delete(s.perUID, e.lease.HolderUID)
+		}
+	}
+}
+
+// deadReason applies the liveness rules of docs/PROTOCOL.md §5 to an active
+// lease and returns why it is dead, or "" when it is live. The pid and
+// boot-id rules apply only to leases of this host (§8a).
+func (s *store) deadReason(e *entry) string {
+	l := &e.lease
+	local := l.Host == s.opts.Host
+	switch {
+	case l.Status != StatusActive:
+		return "ended"
+	case l.Mode == ModeHandle && local && s.opts.ReadOnly && s.opts.NoDaemon:
+		return "no daemon holds its open file"
+	case l.Mode == ModeToken && s.opts.Clock.Mono()-e.hbMono >= s.opts.LeaseDuration:
+		return "heartbeat expired"
+	case !local:
+		return ""
+	case l.BootID != "" && s.bootID != "" && l.BootID != s.bootID:
+		return "machine rebooted"
+	case l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && processGone(l.PID, l.PIDStartTicks):
+		return "holder process gone"
+	}
+	return ""
+}
+
+// endLocked ends e with status, durably, recording it as l (e's lease,
+// possibly with annotations applied), publishes the end and wakes the
+// resource's first waiter. The caller holds mu.
+//
+// When deferrable and the record cannot be written (disk full, read-only),
+// the end still takes effect in memory and the record is written later by
+// the reaper: this is safe for leases that would be ended again after a
+// restart whatever the disk says, namely those dead by the liveness rules
+// of docs/PROTOCOL.md §5 and handle leases, which no daemon keeps across a
+// restart (§2). A lease released by its holder is not deferrable: the
+// release fails and nothing changes.
+func (s *store) endLocked(e *entry, l Lease, status Status, reason string, deferrable bool) error {
+	l.Status = status
+	l.CompletedAt = s.opts.Clock.Now().UTC()
+	s.fillExpiry(&l)
+	if err := s.disk.writeRecord(&l, e.hash); err != nil {
+		if !deferrable {
+			return err
+		}
+		s.unsynced[l.ID] = e
+		s.opts.Logger.Warn("lease ended in memory; its record will be written when the disk allows",
+			"resource", l.Resource, "lease", l.ID, "err", err)
+	}
+	s.dropLive(e)
+	e.lease = l
+	if status == StatusAbandoned {
+		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
+			"generation", l.Generation, "status", status, "reason", reason)
+	}
+	s.feed.publish(Event{Kind: EventEnded, Lease: s.snapshot(e)})
+	s.queues.wakeHead(l.Resource)
+	return nil
+}
+
+// syncLocked writes the records of leases ended in memory only. The caller
+// holds mu.
+func (s *store) syncLocked() error {
+	for id, e := range s.unsynced {
+		if err := s.disk.writeRecord(&e.lease, e.hash); err != nil {
+			return err
+		}
+		delete(s.unsynced, id)
+	}
+	return nil
+}
+
+// checkLive ends e if it is dead, for a method that changes the store. It
+// reports whether e is live. The caller holds mu.
+func (s *store) checkLive(e *entry) (bool, error) {
+	reason := s.deadReason(e)
+	if reason == "" {
+		return true, nil
+	}
+	if e.lease.Status != StatusActive || s.opts.ReadOnly {
+		return false, nil
+	}
+	return false, s.endLocked(e, e.lease, StatusAbandoned, reason, true)
+}
+
+// alive reports whether e is live, for a method that only reads: a dead
+// lease is left for the reaper, which is woken to end it. The caller holds
+// mu.
+func (s *store) alive(e *entry) bool {
+	reason := s.deadReason(e)
+	if reason != "" && e.lease.Status == StatusActive && !s.opts.ReadOnly {
+		s.wakeReaper()
+	}
+	return reason == ""
+}
+
+// view returns the lease of e as a reader sees it: a lease that is dead
+// but not yet ended by the reaper is shown as it will be recorded,
+// abandoned. The caller holds mu.
+func (s *store) view(e *entry) Lease {
+	l := s.snapshot(e)
+	if l.Status == StatusActive && !s.alive(e) {
+		l.Status = StatusAbandoned
+		l.CompletedAt = s.opts.Clock.Now().UTC()
+		l.ExpiresAt, l.Waiters = time.Time{}, 0
+	}
+	return l
+}
+
+// LeaseDuration returns the heartbeat TTL of token leases. Safe for
+// concurrent use.
+func (s *store) LeaseDuration() time.Duration { return s.opts.LeaseDuration }
+
+// Close stops the reaper, ends every change feed and releases the store's
+// files. Further calls return ErrClosed. Safe for concurrent use; a second
+// Close is a no-op.
+func (s *store) Close() error {
+	if s.stopReaper != nil {
+		s.stopReaper()
+		<-s.reaped
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if !s.opts.ReadOnly {
+		if err := s.syncLocked(); err != nil {
+			s.opts.Logger.Warn("closing with ended leases not yet written", "count", len(s.unsynced), "err", err)
+		}
+	}
+	s.closed = true
+	s.queues.wakeAll()
+	s.feed.close()
+	s.disk.close()
+	return nil
+}
+
+// begin takes mu and checks the store is open (and writable when write).
+func (s *store) begin(write bool) error {
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return ErrClosed
+	case write && s.opts.ReadOnly:
+		s.mu.Unlock()
+		return ErrReadOnly
+	}
+	return nil
+}
+
+// snapshot copies the lease of e with its derived fields. The caller holds
+// mu.
+func (s *store) snapshot(e *entry) Lease {
+	l := e.lease
+	s.fillExpiry(&l)
+	if l.Status == StatusActive {
+		l.Waiters = s.queues.count(l.Resource) + s.served[l.Resource]
+	}
+	return l
+}
+
+// Reap ends every dead lease as abandoned, publishing each end, and prunes
+// history beyond Options.HistoryKeep; it returns the leases it ended. The
+// store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
+// ErrReadOnly, *PersistError from pruning.
+func (s *store) Reap(ctx context.Context) ([]Lease, error) {
+	if err := s.begin(true); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	if err := s.syncLocked(); err != nil {
+		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
+	}
+	var ended []Lease
+	for _, e := range s.live {
+		live, err := s.checkLive(e)
+		if err != nil {
+			return ended, err
+		}
+		if !live {
+			ended = append(ended, s.snapshot(e))
+		}
+	}
+	return ended, s.pruneLocked()
+}
+
+// pruneLocked removes the oldest ended records beyond HistoryKeep, after
+// persisting the generation high-water mark so that no generation is ever
+// granted twice (docs/PROTOCOL.md §1). The caller holds mu.
+func (s *store) pruneLocked() error {
+	var ended []*entry
+	for _, e := range s.leases {
+		if e.lease.Status != StatusActive {
+			ended = append(ended, e)
+		}
+	}
+	excess := len(ended) - s.opts.HistoryKeep
+	if excess <= 0 {
+		return nil
+	}
+	if err := s.disk.saveGeneration(s.hw); err != nil {
+		return err
+	}
+	slices.SortFunc(ended, func(a, b *entry) int {
+		return cmp.Or(a.lease.CompletedAt.Compare(b.lease.CompletedAt), cmp.Compare(a.lease.Generation, b.lease.Generation))
+	})
+	ids := make([]string, excess)
+	for i, e := range ended[:excess] {
+		ids[i] = e.lease.ID
+	}
+	if err := s.disk.removeRecords(ids); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		delete(s.leases, id)
+		delete(s.unsynced, id)
+	}
+	return nil
+}
