@@ -96,6 +96,14 @@ func (s *store) Acquire(ctx context.Context, d Draft) (Grant, error) {
 		}
 		if w == nil && s.queues.count(d.Resource) == 0 || w != nil && s.queues.isHead(d.Resource, w) {
 			g, err := s.reserveLocked(d)
+			if err == nil && w != nil {
+				// The granted waiter leaves the queue: count only those
+				// still behind it.
+				s.queues.remove(d.Resource, w)
+				s.disk.publishWaiters(s.queues.counts())
+				w = nil
+				g.Lease.Waiters = s.queues.count(d.Resource)
+			}
 			if !errors.Is(err, ErrHeld) {
 				return g, err
 			}
