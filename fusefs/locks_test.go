@@ -1,0 +1,133 @@
+package fusefs
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// flockLk is a whole-file lock of type typ, as flock(2) sends it.
+func flockLk(typ uint32) *fuse.FileLock {
+	return &fuse.FileLock{Typ: typ, Start: 0, End: offsetMax}
+}
+
+// interruptible returns a request context of uid whose INTERRUPT is
+// delivered by calling the returned function.
+func interruptible(uid uint32) (*fuse.Context, func()) {
+	cancel := make(chan struct{})
+	ctx := &fuse.Context{Caller: fuse.Caller{Owner: fuse.Owner{Uid: uid, Gid: uid}, Pid: uint32(os.Getpid())}, Cancel: cancel}
+	return ctx, func() { close(cancel) }
+}
+
+// openAs opens the lease node n as uid with flags.
+func openAs(t *testing.T, n *leaseNode, uid uint32, flags uint32) *leaseHandle {
+	t.Helper()
+	fh, _, errno := n.Open(as(uid), flags)
+	if errno != 0 {
+		t.Fatalf("Open as %d: %v", uid, errno)
+	}
+	return fh.(*leaseHandle)
+}
+
+// waitStoreWaiters waits until the live lease on resource shows n waiters.
+func waitStoreWaiters(t *testing.T, s leasecore.Store, resource string, n int) {
+	t.Helper()
+	waitUntil(t, "waiters on "+resource, func() bool {
+		l, err := s.Live(context.Background(), resource)
+		return err == nil && l.Waiters == n
+	})
+}
+
+// A blocked flock waiter is granted when the holder unlocks: the store's
+// end of the holder's lease wakes it. The reaper never runs during the test
+// and nothing polls, so nothing else could.
+func TestFlockWaiterWokenByUnlock(t *testing.T) {
+	e := newEnv(t, leasecore.Options{ReapInterval: time.Hour})
+	n, h1 := mustCreate(t, as(uidAlice), e.root, "q")
+	if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("holder flock: %v", errno)
+	}
+	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+	granted := make(chan syscall.Errno, 1)
+	go func() { granted <- h2.Setlkw(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+	waitStoreWaiters(t, e.store, "q", 1)
+	held := h1.leaseID()
+	if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_UNLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("holder unlock: %v", errno)
+	}
+	select {
+	case errno := <-granted:
+		if errno != 0 {
+			t.Fatalf("waiter's flock = %v", errno)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted after the holder unlocked")
+	}
+	l, err := e.store.Live(context.Background(), "q")
+	if err != nil || l.ID == held || l.ID != h2.leaseID() || l.Mode != leasecore.ModeHandle || l.HolderUID != uidBob {
+		t.Fatalf("after the handoff the lease is %+v, %v; want a handle lease of bob bound to the waiter", l, err)
+	}
+}
+
+// An interrupted wait answers EINTR and leaves nothing reserved or queued.
+func TestFlockWaitInterrupted(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	n, _ := mustCreate(t, as(uidAlice), e.root, "q")
+	holder, _ := e.store.Live(context.Background(), "q")
+	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+	ctx, interrupt := interruptible(uidBob)
+	got := make(chan syscall.Errno, 1)
+	go func() { got <- h2.Setlkw(ctx, 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+	waitStoreWaiters(t, e.store, "q", 1)
+	interrupt()
+	if errno := <-got; errno != syscall.EINTR {
+		t.Fatalf("interrupted flock = %v, want EINTR", errno)
+	}
+	waitStoreWaiters(t, e.store, "q", 0)
+	if l, err := e.store.Live(context.Background(), "q"); err != nil || l.ID != holder.ID {
+		t.Fatalf("after an interrupted wait the lease is %+v, %v; want the holder's", l, err)
+	}
+}
+
+// Drain ends blocked waits with EAGAIN.
+func TestDrainEndsWaits(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	n, _ := mustCreate(t, as(uidAlice), e.root, "q")
+	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+	got := make(chan syscall.Errno, 1)
+	go func() { got <- h2.Setlkw(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+	waitStoreWaiters(t, e.store, "q", 1)
+	e.fsys.Drain(context.Background())
+	if errno := <-got; errno != syscall.EAGAIN {
+		t.Fatalf("wait during a drain = %v, want EAGAIN", errno)
+	}
+}
+
+// A refused lock ends the reservation its own open made, if the token was
+// never read; a claimed reservation stays.
+func TestRefusedLockDropsUnclaimedReservation(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	_, h := mustCreate(t, as(uidAlice), e.root, "x")
+	id := h.leaseID()
+	if errno := h.Setlk(as(uidAlice), 1, flockLk(syscall.F_RDLCK), fuse.FUSE_LK_FLOCK); errno != syscall.ENOLCK {
+		t.Fatalf("shared flock = %v, want ENOLCK", errno)
+	}
+	if l, err := e.store.Load(context.Background(), id); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Fatalf("reservation after its lock was refused = %+v, %v; want abandoned", l, err)
+	}
+
+	_, h = mustCreate(t, as(uidAlice), e.root, "y")
+	readToken(t, as(uidAlice), h)
+	if errno := h.Setlk(as(uidAlice), 1, flockLk(syscall.F_RDLCK), fuse.FUSE_LK_FLOCK); errno != syscall.ENOLCK {
+		t.Fatalf("shared flock = %v, want ENOLCK", errno)
+	}
+	if _, err := e.store.Live(context.Background(), "y"); err != nil {
+		t.Fatalf("a reservation whose token was read ended with a refused lock: %v", err)
+	}
+}
