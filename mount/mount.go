@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/fusefs"
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -106,7 +107,7 @@ var ErrInsideState = errors.New("mount: mountpoint and state directory must not 
 var ErrMounted = errors.New("mount: mountpoint already has a leasefs mount")
 
 // ErrTakeoverTimeout is returned by [Run], wrapped together with the
-// *[leasecore.HeldError] naming the holder, when a daemon asked to hand over
+// *[daemonlock.HeldError] naming the holder, when a daemon asked to hand over
 // (Options.Takeover) has not let go within Options.TakeoverTimeout.
 var ErrTakeoverTimeout = errors.New("mount: takeover timed out")
 
@@ -160,7 +161,7 @@ func checkMountpoint(mp string) error {
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
 // and returns. Errors: a *[MountpointError] when the mountpoint is missing
 // or not a directory (checked before anything is created); a
-// *[leasecore.HeldError] when another daemon serves the state directory
+// *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
 // mount fails; store errors. Run logs "mounted" once the mount is serving.
@@ -194,13 +195,13 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
-	lock, err := acquireDaemonLock(ctx, lockPath, mp, leasecore.CurrentHolder("leasefs mount "+mp), opts, log)
+	lock, err := acquireDaemonLock(ctx, lockPath, mp, daemonlock.CurrentHolder("leasefs mount "+mp), opts, log)
 	if err != nil {
 		return err
 	}
 	defer lock.Release()
 	// A request addressed to an earlier holder is void now.
-	_ = leasecore.ClearTakeoverRequest(lockPath)
+	_ = daemonlock.ClearTakeoverRequest(lockPath)
 
 	if err := cleanStale(mp, log); err != nil {
 		return err
@@ -305,10 +306,10 @@ func Run(ctx context.Context, opts Options) error {
 // aborted and is waited for. When another daemon holds it and opts.Takeover
 // is set, it writes a takeover request and
 // retries until the holder lets go or opts.TakeoverTimeout passes.
-// Errors: *leasecore.HeldError naming the holder.
-func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.HolderInfo, opts Options, log *slog.Logger) (*leasecore.FileLock, error) {
-	lock, err := leasecore.AcquireFileLock(path, me)
-	var held *leasecore.HeldError
+// Errors: *daemonlock.HeldError naming the holder.
+func acquireDaemonLock(ctx context.Context, path, mp string, me daemonlock.Holder, opts Options, log *slog.Logger) (*daemonlock.Lock, error) {
+	lock, err := daemonlock.Acquire(path, me)
+	var held *daemonlock.HeldError
 	if err == nil || !errors.As(err, &held) {
 		return lock, err
 	}
@@ -317,7 +318,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 		// thread is freed.
 		for end := time.Now().Add(dyingWait); time.Now().Before(end); {
 			time.Sleep(takeoverPoll)
-			if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+			if lock, err = daemonlock.Acquire(path, me); err == nil || !errors.Is(err, daemonlock.ErrHeld) {
 				return lock, err
 			}
 		}
@@ -330,7 +331,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 		timeout = DefaultTakeoverTimeout
 	}
 	log.Info("asking the running daemon to hand over", "holder", held.Holder.String(), "timeout", timeout.String())
-	if werr := leasecore.WriteTakeoverRequest(path, leasecore.LockTakeoverRequest{Requester: me}); werr != nil {
+	if werr := daemonlock.WriteTakeoverRequest(path, daemonlock.TakeoverRequest{Requester: me}); werr != nil {
 		return nil, werr
 	}
 	deadline := time.NewTimer(timeout)
@@ -340,14 +341,14 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 	for {
 		select {
 		case <-ctx.Done():
-			_ = leasecore.ClearTakeoverRequest(path)
+			_ = daemonlock.ClearTakeoverRequest(path)
 			return nil, ctx.Err()
 		case <-deadline.C:
-			_ = leasecore.ClearTakeoverRequest(path)
+			_ = daemonlock.ClearTakeoverRequest(path)
 			return nil, fmt.Errorf("%w after %s: %w", ErrTakeoverTimeout, timeout, err)
 		case <-tick.C:
 		}
-		if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+		if lock, err = daemonlock.Acquire(path, me); err == nil || !errors.Is(err, daemonlock.ErrHeld) {
 			return lock, err
 		}
 	}
@@ -355,8 +356,8 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 
 // watchTakeover polls for a takeover request on the daemon lock at path and
 // delivers the first one.
-func watchTakeover(ctx context.Context, path string) <-chan leasecore.LockTakeoverRequest {
-	ch := make(chan leasecore.LockTakeoverRequest, 1)
+func watchTakeover(ctx context.Context, path string) <-chan daemonlock.TakeoverRequest {
+	ch := make(chan daemonlock.TakeoverRequest, 1)
 	go func() {
 		tick := time.NewTicker(takeoverPoll)
 		defer tick.Stop()
@@ -366,7 +367,7 @@ func watchTakeover(ctx context.Context, path string) <-chan leasecore.LockTakeov
 				return
 			case <-tick.C:
 			}
-			if req, ok := leasecore.ReadTakeoverRequest(path); ok {
+			if req, ok := daemonlock.ReadTakeoverRequest(path); ok {
 				ch <- req
 				return
 			}
