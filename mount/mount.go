@@ -43,13 +43,24 @@ const unmountWait = 5 * time.Second
 type Options struct {
 	// Mountpoint is the directory to mount on; it must exist.
 	Mountpoint string
-	// StateDir holds the lease store; default [DefaultStateDir].
+	// StateDir holds the daemon lock ([DaemonLockName]) and, unless
+	// OpenStore says otherwise, the lease store; default [DefaultStateDir].
 	StateDir string
-	// LeaseDuration is the heartbeat TTL of token leases; default 5m.
+	// LeaseDuration is the heartbeat TTL of token leases, given to the
+	// embedded file store and reported in the "mounted" log line; default
+	// [leasecore.DefaultLeaseDuration].
 	LeaseDuration time.Duration
 	// HistoryKeep and MaxLeasesPerUID: see [leasecore.Options].
 	HistoryKeep     int
 	MaxLeasesPerUID int
+	// OpenStore opens the lease store that the mount serves. Run calls it
+	// once, with its context and logger, after it has taken the daemon lock
+	// of StateDir and checked the mountpoint, and before it mounts; an error
+	// makes Run return it, wrapped, without mounting. Run closes the store
+	// before it releases the daemon lock, whether it mounted or not. When
+	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
+	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
+	OpenStore func(ctx context.Context, log *slog.Logger) (leasecore.Store, error)
 	// AllowOther lets other users use the mount (docs/PROTOCOL.md §7).
 	AllowOther bool
 	// Logger receives the daemon's log; default slog.Default().
@@ -164,7 +175,8 @@ func checkMountpoint(mp string) error {
 // *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
-// mount fails; store errors. Run logs "mounted" once the mount is serving.
+// mount fails; the error of [Options.OpenStore], wrapped. Run logs
+// "mounted" once the mount is serving.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -172,6 +184,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = DefaultStateDir()
+	}
+	if opts.LeaseDuration <= 0 {
+		opts.LeaseDuration = leasecore.DefaultLeaseDuration
 	}
 	mp, err := filepath.Abs(opts.Mountpoint)
 	if err != nil {
@@ -220,16 +235,22 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, real)
 	}
 
-	store, err := leasecore.OpenFileStore(state, leasecore.Options{
-		LeaseDuration:   opts.LeaseDuration,
-		HistoryKeep:     opts.HistoryKeep,
-		MaxLeasesPerUID: opts.MaxLeasesPerUID,
-		Logger:          log,
-	})
-	if err != nil {
-		return fmt.Errorf("mount: cannot open the lease store in %s: %w", state, err)
+	openStore, where := opts.OpenStore, ""
+	if openStore == nil {
+		openStore, where = fileStoreOpener(state, opts), " in "+state
 	}
-	closeStore := sync.OnceFunc(func() { store.Close() })
+	store, err := openStore(ctx, log)
+	if err != nil {
+		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)
+	}
+	if store == nil {
+		return errors.New("mount: cannot open the lease store: the opener returned none")
+	}
+	closeStore := sync.OnceFunc(func() {
+		if err := store.Close(); err != nil {
+			log.Warn("closing the lease store", "err", err)
+		}
+	})
 	defer closeStore()
 
 	lfs := fusefs.New(store, fusefs.Options{Logger: log})
@@ -261,7 +282,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
-		"lease_duration", store.LeaseDuration().String(), "allow_other", opts.AllowOther)
+		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -299,6 +320,23 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("stopped", "mountpoint", mp)
 	return nil
+}
+
+// fileStoreOpener is the default [Options.OpenStore]: the embedded file
+// store in the state directory state.
+func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger) (leasecore.Store, error) {
+	return func(_ context.Context, log *slog.Logger) (leasecore.Store, error) {
+		s, err := leasecore.OpenFileStore(state, leasecore.Options{
+			LeaseDuration:   opts.LeaseDuration,
+			HistoryKeep:     opts.HistoryKeep,
+			MaxLeasesPerUID: opts.MaxLeasesPerUID,
+			Logger:          log,
+		})
+		if err != nil {
+			return nil, err // a nil Store, not a Store holding a nil *FileStore
+		}
+		return s, nil
+	}
 }
 
 // acquireDaemonLock takes the state directory's daemon lock. A holder that
