@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -59,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 		return exitUsage
-	case errors.Is(err, leasecore.ErrLockHeld):
+	case errors.Is(err, daemonlock.ErrHeld):
 		return exitHeld
 	}
 	return exitError
@@ -67,14 +68,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // internalPrefixes are the package prefixes of the errors of leasefs's own
 // packages ("leasecore: open store: …"): they mean nothing to a user.
-var internalPrefixes = strings.NewReplacer("leasecore: ", "", "mount: ", "", "fusefs: ", "")
+var internalPrefixes = strings.NewReplacer("leasecore: ", "", "mount: ", "", "fusefs: ", "", "daemonlock: ", "")
 
 // message renders err for the user: a [userError] or a daemon lock held by
 // another daemon in words of its own, any other error without the package
 // prefixes of leasefs's own packages.
 func message(err error) string {
 	var ue *userError
-	var held *leasecore.HeldError
+	var held *daemonlock.HeldError
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
@@ -207,7 +208,7 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 
 // openReadOnly opens the store at state for reading under its shared lock.
 func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) {
-	held, ok := leasecore.FlockHeld(filepath.Join(state, mount.DaemonLockName))
+	held, ok := daemonlock.Held(filepath.Join(state, mount.DaemonLockName))
 	return leasecore.OpenFileStore(state, leasecore.Options{
 		ReadOnly: true,
 		NoDaemon: ok && !held,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -211,8 +212,8 @@ func TestMountBadMountpoint(t *testing.T) {
 // test process) has: exit 3, and the message names the holder without package names.
 func TestMountStateServed(t *testing.T) {
 	state := t.TempDir()
-	lock, err := leasecore.AcquireFileLock(filepath.Join(state, mount.DaemonLockName),
-		leasecore.CurrentHolder("leasefs mount /somewhere"))
+	lock, err := daemonlock.Acquire(filepath.Join(state, mount.DaemonLockName),
+		daemonlock.CurrentHolder("leasefs mount /somewhere"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@
 //
 // # Single-daemon lock
 //
-// [AcquireFileLock] is the kernel-arbitrated single-writer lock that a daemon
-// holds on <state>/leasefs.lock, with advisory holder metadata and takeover
-// requests beside it (the reference session lease design).
+// One daemon writes a state directory at a time. The lock that ensures it,
+// on <state>/leasefs.lock, is not part of the store: it lives in package
+// internal/daemonlock, taken by the mount before it opens the store.
 package leasecore

@@ -3,12 +3,9 @@ package leasecore
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // ProcessStartTicks returns the start time of process pid in clock ticks
@@ -82,29 +79,4 @@ func ProcessTgid(tid int) int {
 		}
 	}
 	return tid
-}
-
-// FlockHeld reports whether some process holds a flock(2) lock on the file
-// at path, by finding its device and inode among the FLOCK entries of
-// /proc/locks (proc(5)). It takes no lock itself, so probing never disturbs
-// the holder. ok is false when path or /proc/locks cannot be read.
-func FlockHeld(path string) (held, ok bool) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return false, false
-	}
-	data, err := os.ReadFile("/proc/locks")
-	if err != nil {
-		return false, false
-	}
-	// "1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF": the device is
-	// major:minor in hex, the inode in decimal.
-	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
-	for line := range bytes.SplitSeq(data, []byte("\n")) {
-		f := bytes.Fields(line)
-		if len(f) >= 6 && string(f[1]) == "FLOCK" && string(f[5]) == want {
-			return true, true
-		}
-	}
-	return false, true
 }

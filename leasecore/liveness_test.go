@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -273,31 +272,5 @@ func TestBootIDFormat(t *testing.T) {
 	}
 	if BootID() != id {
 		t.Error("BootID not stable")
-	}
-}
-
-func TestFlockHeld(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "leasefs.lock")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if held, ok := FlockHeld(path); !ok || held {
-		t.Fatalf("FlockHeld(unlocked) = %v, %v; want false, true", held, ok)
-	}
-	lock, err := AcquireFileLock(path, CurrentHolder("test"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if held, ok := FlockHeld(path); !ok || !held {
-		t.Errorf("FlockHeld(locked) = %v, %v; want true, true", held, ok)
-	}
-	if err := lock.Release(); err != nil {
-		t.Fatal(err)
-	}
-	if held, _ := FlockHeld(path); held {
-		t.Errorf("FlockHeld after Release = true")
-	}
-	if _, ok := FlockHeld(filepath.Join(t.TempDir(), "missing")); ok {
-		t.Errorf("FlockHeld(missing) ok = true")
 	}
 }

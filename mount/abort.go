@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -69,7 +70,7 @@ func AbortConnection(mp string) error {
 // but cannot exit: a thread of it is blocked in a kernel notification on
 // its own mount, waiting for a request that only it could answer. Aborting
 // its connection frees it. It reports whether it aborted.
-func abortDyingHolder(held *leasecore.HeldError, mp string, log *slog.Logger) bool {
+func abortDyingHolder(held *daemonlock.HeldError, mp string, log *slog.Logger) bool {
 	if held.Holder.PID <= 0 || held.Holder.Host != leasecore.Hostname() || !killPending(held.Holder.PID) {
 		return false
 	}

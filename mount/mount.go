@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/fusefs"
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -42,13 +43,24 @@ const unmountWait = 5 * time.Second
 type Options struct {
 	// Mountpoint is the directory to mount on; it must exist.
 	Mountpoint string
-	// StateDir holds the lease store; default [DefaultStateDir].
+	// StateDir holds the daemon lock ([DaemonLockName]) and, unless
+	// OpenStore says otherwise, the lease store; default [DefaultStateDir].
 	StateDir string
-	// LeaseDuration is the heartbeat TTL of token leases; default 5m.
+	// LeaseDuration is the heartbeat TTL of token leases, given to the
+	// embedded file store and reported in the "mounted" log line; default
+	// [leasecore.DefaultLeaseDuration].
 	LeaseDuration time.Duration
 	// HistoryKeep and MaxLeasesPerUID: see [leasecore.Options].
 	HistoryKeep     int
 	MaxLeasesPerUID int
+	// OpenStore opens the lease store that the mount serves. Run calls it
+	// once, with its context and logger, after it has taken the daemon lock
+	// of StateDir and checked the mountpoint, and before it mounts; an error
+	// makes Run return it, wrapped, without mounting. Run closes the store
+	// before it releases the daemon lock, whether it mounted or not. When
+	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
+	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
+	OpenStore func(ctx context.Context, log *slog.Logger) (leasecore.Store, error)
 	// AllowOther lets other users use the mount (docs/PROTOCOL.md §7).
 	AllowOther bool
 	// Logger receives the daemon's log; default slog.Default().
@@ -106,7 +118,7 @@ var ErrInsideState = errors.New("mount: mountpoint and state directory must not 
 var ErrMounted = errors.New("mount: mountpoint already has a leasefs mount")
 
 // ErrTakeoverTimeout is returned by [Run], wrapped together with the
-// *[leasecore.HeldError] naming the holder, when a daemon asked to hand over
+// *[daemonlock.HeldError] naming the holder, when a daemon asked to hand over
 // (Options.Takeover) has not let go within Options.TakeoverTimeout.
 var ErrTakeoverTimeout = errors.New("mount: takeover timed out")
 
@@ -160,10 +172,11 @@ func checkMountpoint(mp string) error {
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
 // and returns. Errors: a *[MountpointError] when the mountpoint is missing
 // or not a directory (checked before anything is created); a
-// *[leasecore.HeldError] when another daemon serves the state directory
+// *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
-// mount fails; store errors. Run logs "mounted" once the mount is serving.
+// mount fails; the error of [Options.OpenStore], wrapped. Run logs
+// "mounted" once the mount is serving.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -171,6 +184,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if opts.StateDir == "" {
 		opts.StateDir = DefaultStateDir()
+	}
+	if opts.LeaseDuration <= 0 {
+		opts.LeaseDuration = leasecore.DefaultLeaseDuration
 	}
 	mp, err := filepath.Abs(opts.Mountpoint)
 	if err != nil {
@@ -194,13 +210,13 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
-	lock, err := acquireDaemonLock(ctx, lockPath, mp, leasecore.CurrentHolder("leasefs mount "+mp), opts, log)
+	lock, err := acquireDaemonLock(ctx, lockPath, mp, daemonlock.CurrentHolder("leasefs mount "+mp), opts, log)
 	if err != nil {
 		return err
 	}
 	defer lock.Release()
 	// A request addressed to an earlier holder is void now.
-	_ = leasecore.ClearTakeoverRequest(lockPath)
+	_ = daemonlock.ClearTakeoverRequest(lockPath)
 
 	if err := cleanStale(mp, log); err != nil {
 		return err
@@ -219,16 +235,22 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, real)
 	}
 
-	store, err := leasecore.OpenFileStore(state, leasecore.Options{
-		LeaseDuration:   opts.LeaseDuration,
-		HistoryKeep:     opts.HistoryKeep,
-		MaxLeasesPerUID: opts.MaxLeasesPerUID,
-		Logger:          log,
-	})
-	if err != nil {
-		return fmt.Errorf("mount: cannot open the lease store in %s: %w", state, err)
+	openStore, where := opts.OpenStore, ""
+	if openStore == nil {
+		openStore, where = fileStoreOpener(state, opts), " in "+state
 	}
-	closeStore := sync.OnceFunc(func() { store.Close() })
+	store, err := openStore(ctx, log)
+	if err != nil {
+		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)
+	}
+	if store == nil {
+		return errors.New("mount: cannot open the lease store: the opener returned none")
+	}
+	closeStore := sync.OnceFunc(func() {
+		if err := store.Close(); err != nil {
+			log.Warn("closing the lease store", "err", err)
+		}
+	})
 	defer closeStore()
 
 	lfs := fusefs.New(store, fusefs.Options{Logger: log})
@@ -260,7 +282,7 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
-		"lease_duration", store.LeaseDuration().String(), "allow_other", opts.AllowOther)
+		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -300,15 +322,32 @@ func Run(ctx context.Context, opts Options) error {
 	return nil
 }
 
+// fileStoreOpener is the default [Options.OpenStore]: the embedded file
+// store in the state directory state.
+func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger) (leasecore.Store, error) {
+	return func(_ context.Context, log *slog.Logger) (leasecore.Store, error) {
+		s, err := leasecore.OpenFileStore(state, leasecore.Options{
+			LeaseDuration:   opts.LeaseDuration,
+			HistoryKeep:     opts.HistoryKeep,
+			MaxLeasesPerUID: opts.MaxLeasesPerUID,
+			Logger:          log,
+		})
+		if err != nil {
+			return nil, err // a nil Store, not a Store holding a nil *FileStore
+		}
+		return s, nil
+	}
+}
+
 // acquireDaemonLock takes the state directory's daemon lock. A holder that
 // was killed but is stuck in the kernel on its own mount has its connection
 // aborted and is waited for. When another daemon holds it and opts.Takeover
 // is set, it writes a takeover request and
 // retries until the holder lets go or opts.TakeoverTimeout passes.
-// Errors: *leasecore.HeldError naming the holder.
-func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.HolderInfo, opts Options, log *slog.Logger) (*leasecore.FileLock, error) {
-	lock, err := leasecore.AcquireFileLock(path, me)
-	var held *leasecore.HeldError
+// Errors: *daemonlock.HeldError naming the holder.
+func acquireDaemonLock(ctx context.Context, path, mp string, me daemonlock.Holder, opts Options, log *slog.Logger) (*daemonlock.Lock, error) {
+	lock, err := daemonlock.Acquire(path, me)
+	var held *daemonlock.HeldError
 	if err == nil || !errors.As(err, &held) {
 		return lock, err
 	}
@@ -317,7 +356,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 		// thread is freed.
 		for end := time.Now().Add(dyingWait); time.Now().Before(end); {
 			time.Sleep(takeoverPoll)
-			if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+			if lock, err = daemonlock.Acquire(path, me); err == nil || !errors.Is(err, daemonlock.ErrHeld) {
 				return lock, err
 			}
 		}
@@ -330,7 +369,7 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 		timeout = DefaultTakeoverTimeout
 	}
 	log.Info("asking the running daemon to hand over", "holder", held.Holder.String(), "timeout", timeout.String())
-	if werr := leasecore.WriteTakeoverRequest(path, leasecore.LockTakeoverRequest{Requester: me}); werr != nil {
+	if werr := daemonlock.WriteTakeoverRequest(path, daemonlock.TakeoverRequest{Requester: me}); werr != nil {
 		return nil, werr
 	}
 	deadline := time.NewTimer(timeout)
@@ -340,14 +379,14 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 	for {
 		select {
 		case <-ctx.Done():
-			_ = leasecore.ClearTakeoverRequest(path)
+			_ = daemonlock.ClearTakeoverRequest(path)
 			return nil, ctx.Err()
 		case <-deadline.C:
-			_ = leasecore.ClearTakeoverRequest(path)
+			_ = daemonlock.ClearTakeoverRequest(path)
 			return nil, fmt.Errorf("%w after %s: %w", ErrTakeoverTimeout, timeout, err)
 		case <-tick.C:
 		}
-		if lock, err = leasecore.AcquireFileLock(path, me); err == nil || !errors.Is(err, leasecore.ErrLockHeld) {
+		if lock, err = daemonlock.Acquire(path, me); err == nil || !errors.Is(err, daemonlock.ErrHeld) {
 			return lock, err
 		}
 	}
@@ -355,8 +394,8 @@ func acquireDaemonLock(ctx context.Context, path, mp string, me leasecore.Holder
 
 // watchTakeover polls for a takeover request on the daemon lock at path and
 // delivers the first one.
-func watchTakeover(ctx context.Context, path string) <-chan leasecore.LockTakeoverRequest {
-	ch := make(chan leasecore.LockTakeoverRequest, 1)
+func watchTakeover(ctx context.Context, path string) <-chan daemonlock.TakeoverRequest {
+	ch := make(chan daemonlock.TakeoverRequest, 1)
 	go func() {
 		tick := time.NewTicker(takeoverPoll)
 		defer tick.Stop()
@@ -366,7 +405,7 @@ func watchTakeover(ctx context.Context, path string) <-chan leasecore.LockTakeov
 				return
 			case <-tick.C:
 			}
-			if req, ok := leasecore.ReadTakeoverRequest(path); ok {
+			if req, ok := daemonlock.ReadTakeoverRequest(path); ok {
 				ch <- req
 				return
 			}

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/internal/daemonlock"
 )
 
 func TestNested(t *testing.T) {
@@ -64,13 +64,13 @@ func TestRunRefusesNestedMountpoint(t *testing.T) {
 
 func TestRunRefusesHeldStateDir(t *testing.T) {
 	state := t.TempDir()
-	lock, err := leasecore.AcquireFileLock(filepath.Join(state, DaemonLockName), leasecore.CurrentHolder("other daemon"))
+	lock, err := daemonlock.Acquire(filepath.Join(state, DaemonLockName), daemonlock.CurrentHolder("other daemon"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Release()
 	err = Run(context.Background(), Options{Mountpoint: t.TempDir(), StateDir: state})
-	var held *leasecore.HeldError
+	var held *daemonlock.HeldError
 	if !errors.As(err, &held) || held.Holder.Client != "other daemon" {
 		t.Fatalf("Run on a held state directory = %v, want a HeldError naming the holder", err)
 	}

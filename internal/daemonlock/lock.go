@@ -1,6 +1,7 @@
-package leasecore
+package daemonlock
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,23 +16,25 @@ import (
 
 	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/leasecore"
 )
 
-// ErrLockHeld matches, under errors.Is, every *[HeldError] returned by
-// [AcquireFileLock]: the lock is held by another process or already by this
-// one.
-var ErrLockHeld = errors.New("leasecore: lock held")
+// ErrHeld matches, under errors.Is, every *[HeldError] returned by
+// [Acquire]: the lock is held by another process or already by this one.
+var ErrHeld = errors.New("daemonlock: lock held")
 
-// HolderInfo identifies the holder of a [FileLock]. It is advisory metadata,
+// Holder identifies the holder of a [Lock]. It is advisory metadata,
 // written as JSON next to the lock file; the kernel lock alone decides who
-// holds it (the reference session lease design). The zero value means
-// "unknown holder".
-type HolderInfo struct {
+// holds it (docs/PROTOCOL.md §2). The zero value means "unknown holder". A
+// Holder is a plain value: copies may be used concurrently.
+type Holder struct {
 	// PID is the holder's process id; 0 when unknown.
 	PID int `json:"pid"`
-	// BootID is the holder machine's boot id (see [BootID]); "" when unknown.
+	// BootID is the holder machine's boot id (see [leasecore.BootID]); ""
+	// when unknown.
 	BootID string `json:"bootId"`
-	// Host is the holder's host name (see [Hostname]).
+	// Host is the holder's host name (see [leasecore.Hostname]).
 	Host string `json:"host"`
 	// Client is a human label, e.g. "leasefs mount /mnt/leases".
 	Client string `json:"client"`
@@ -40,13 +43,13 @@ type HolderInfo struct {
 }
 
 // CurrentHolder describes this process as a lock holder labelled client:
-// its pid, [BootID], [Hostname] and the current wall-clock time as StartedAt.
-// It is safe for concurrent use.
-func CurrentHolder(client string) HolderInfo {
-	return HolderInfo{
+// its pid, [leasecore.BootID], [leasecore.Hostname] and the current
+// wall-clock time as StartedAt.
+func CurrentHolder(client string) Holder {
+	return Holder{
 		PID:       os.Getpid(),
-		BootID:    BootID(),
-		Host:      Hostname(),
+		BootID:    leasecore.BootID(),
+		Host:      leasecore.Hostname(),
 		Client:    client,
 		StartedAt: time.Now(),
 	}
@@ -56,7 +59,7 @@ func CurrentHolder(client string) HolderInfo {
 // "leasefs mount /mnt/x (pid 123 on host vm, since 2026-11-30T02:00:00Z)".
 // Unknown parts (pid 0, empty host, zero StartedAt) are left out; the time is
 // printed in UTC, RFC 3339, to the second.
-func (h HolderInfo) String() string {
+func (h Holder) String() string {
 	client := h.Client
 	if client == "" {
 		client = "unknown holder"
@@ -81,90 +84,62 @@ func (h HolderInfo) String() string {
 }
 
 // Dead reports whether h is certainly gone: it ran on this host (h.Host ==
-// [Hostname]) during this boot (h.BootID == [BootID], both non-empty), its pid
-// is positive, and kill(pid, 0) fails with ESRCH. It returns false whenever it
-// cannot be sure: another host or boot, unknown fields, or EPERM (the process
-// exists but belongs to another user). A pid reused by a newer process makes
-// it return false, and processes in another pid namespace of this host may be
-// misjudged; so, as in
-// the reference session lease design, Dead is a hint for diagnostics and for
-// skipping a takeover wait; the kernel lock remains the arbiter. It is safe
-// for concurrent use.
-func (h HolderInfo) Dead() bool {
+// [leasecore.Hostname]) during this boot (h.BootID == [leasecore.BootID],
+// both non-empty), its pid is positive, and kill(pid, 0) fails with ESRCH. It
+// returns false whenever it cannot be sure: another host or boot, unknown
+// fields, or EPERM (the process exists but belongs to another user). A pid
+// reused by a newer process makes it return false, and processes in another
+// pid namespace of this host may be misjudged; so Dead is a hint for
+// diagnostics and for skipping a takeover wait, and the kernel lock remains
+// the arbiter.
+func (h Holder) Dead() bool {
 	if h.PID <= 0 || h.Host == "" || h.BootID == "" {
 		return false
 	}
-	if h.Host != Hostname() || h.BootID != BootID() {
+	if h.Host != leasecore.Hostname() || h.BootID != leasecore.BootID() {
 		return false
 	}
 	// kill(2) with signal 0 checks for existence without sending anything.
 	return errors.Is(unix.Kill(h.PID, 0), unix.ESRCH)
 }
 
-// bootID reads the boot id once per process; it cannot change while the
-// process runs.
-var bootID = sync.OnceValue(func() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
-})
-
-// BootID returns this machine's boot id, the trimmed content of
-// /proc/sys/kernel/random/boot_id (a UUID that changes at every boot), or ""
-// when it cannot be read (not Linux, no /proc). It is read once per process
-// and is safe for concurrent use.
-func BootID() string { return bootID() }
-
-// Hostname returns the host name reported by [os.Hostname], or "unknown-host"
-// when it fails or is empty. It is not cached (the host name can change) and
-// is safe for concurrent use.
-func Hostname() string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		return "unknown-host"
-	}
-	return h
-}
-
-// HeldError reports that a [FileLock] is already held, and by whom. It matches
-// [ErrLockHeld] under errors.Is.
+// HeldError reports that a [Lock] is already held, and by whom. It matches
+// [ErrHeld] under errors.Is. Like [Holder], it is a plain value.
 type HeldError struct {
 	// Path is the lock file (absolute).
 	Path string
 	// Holder is the holder: this process's registration when SameProcess is
 	// set, otherwise the advisory metadata beside the lock, or
-	// HolderInfo{Client: "another process"} when that cannot be read.
-	Holder HolderInfo
+	// Holder{Client: "another process"} when that cannot be read.
+	Holder Holder
 	// SameProcess is set when this very process holds the lock.
 	SameProcess bool
 }
 
 // Error names the lock file and its holder.
 func (e *HeldError) Error() string {
-	return "leasecore: " + e.Path + " is held by " + e.Holder.String()
+	return "daemonlock: " + e.Path + " is held by " + e.Holder.String()
 }
 
-// Is reports whether target is [ErrLockHeld].
-func (e *HeldError) Is(target error) bool { return target == ErrLockHeld }
+// Is reports whether target is [ErrHeld].
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
-// FileLock is a held exclusive flock(2) lock on a lock file, such as the
+// Lock is a held exclusive flock(2) lock on a lock file, such as the
 // single-daemon lock <state>/leasefs.lock. Beside it live the advisory holder
 // metadata, <path>.json (see [ReadHolder]), and takeover requests,
 // <path without ".lock">.takeover (see [WriteTakeoverRequest]).
 //
-// The kernel releases the lock when the holder closes it ([FileLock.Release])
+// The kernel releases the lock when the holder closes it ([Lock.Release])
 // or dies, so a crashed holder never blocks its successor and nothing expires
-// by time (flock(2); the reference session lease design). The lock file itself
-// is never removed: the lock belongs to its inode, and unlinking it would let
-// a newcomer lock a fresh file while an old holder still holds the old one.
+// by time (flock(2)). The lock file itself is never removed: the lock belongs
+// to its inode, and unlinking it would let a newcomer lock a fresh file while
+// an old holder still holds the old one.
 //
-// A FileLock that is dropped without Release stays held until the process
+// A Lock that is dropped without Release stays held until the process
 // exits. Its methods are safe for concurrent use.
-type FileLock struct {
+type Lock struct {
 	path   string // absolute, cleaned; also the registry key
-	holder HolderInfo
+	holder Holder
 
 	mu   sync.Mutex
 	fd   int
@@ -179,12 +154,12 @@ type FileLock struct {
 // touching the file.
 var heldLocks = struct {
 	sync.Mutex
-	m map[string]HolderInfo
-}{m: make(map[string]HolderInfo)}
+	m map[string]Holder
+}{m: make(map[string]Holder)}
 
 // reserveLock registers holder for path unless path is already registered, in
 // which case it returns the registered holder and false.
-func reserveLock(path string, holder HolderInfo) (HolderInfo, bool) {
+func reserveLock(path string, holder Holder) (Holder, bool) {
 	heldLocks.Lock()
 	defer heldLocks.Unlock()
 	if existing, ok := heldLocks.m[path]; ok {
@@ -200,25 +175,25 @@ func unregisterLock(path string) {
 	delete(heldLocks.m, path)
 }
 
-// AcquireFileLock takes the exclusive lock on the lock file at path, creating
-// the file (mode 0600) if needed; its directory must exist. It does not wait:
-// when the lock is held it returns a *[HeldError] matching [ErrLockHeld],
-// naming this process (SameProcess) or the holder found in the metadata at
+// Acquire takes the exclusive lock on the lock file at path, creating the
+// file (mode 0600) if needed; its directory must exist. It does not wait:
+// when the lock is held it returns a *[HeldError] matching [ErrHeld], naming
+// this process (SameProcess) or the holder found in the metadata at
 // path+".json". On success it removes temporary files of the metadata and
-// takeover request left by a crash, and records holder as that metadata, written
-// atomically and durably (temporary file, fsync, rename, directory fsync); a
-// zero holder.StartedAt is set to the current time. Other failures are
-// returned wrapped with the path; the lock is then not held.
+// takeover request left by a crash, and records holder as that metadata,
+// written atomically and durably (temporary file, fsync, rename, directory
+// fsync); a zero holder.StartedAt is set to the current time. Other failures
+// are returned wrapped with the path; the lock is then not held.
 //
 // Within one process, a path names a lock by its absolute, cleaned form;
-// spellings that differ through symlinks are still refused, but by the kernel,
-// as held by "another process". The lock is a flock(2) LOCK_EX|LOCK_NB on a
-// close-on-exec descriptor, so child processes do not inherit it. It is safe
-// for concurrent use.
-func AcquireFileLock(path string, holder HolderInfo) (*FileLock, error) {
+// spellings that differ through symlinks are still refused, but by the
+// kernel: SameProcess is then unset and the holder is read from the metadata.
+// The lock is a flock(2) LOCK_EX|LOCK_NB on a close-on-exec descriptor, so
+// child processes do not inherit it.
+func Acquire(path string, holder Holder) (*Lock, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, fmt.Errorf("leasecore: acquire lock %s: %w", path, err)
+		return nil, fmt.Errorf("daemonlock: acquire lock %s: %w", path, err)
 	}
 	if holder.StartedAt.IsZero() {
 		holder.StartedAt = time.Now()
@@ -236,10 +211,10 @@ func AcquireFileLock(path string, holder HolderInfo) (*FileLock, error) {
 
 // lockFile opens and flocks path, then writes the holder metadata. The caller
 // has reserved path in the registry.
-func lockFile(path string, holder HolderInfo) (*FileLock, error) {
+func lockFile(path string, holder Holder) (*Lock, error) {
 	fd, err := openLockFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("leasecore: acquire lock %s: open: %w", path, err)
+		return nil, fmt.Errorf("daemonlock: acquire lock %s: open: %w", path, err)
 	}
 	for {
 		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
@@ -252,11 +227,11 @@ func lockFile(path string, holder HolderInfo) (*FileLock, error) {
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			other, ok := ReadHolder(path)
 			if !ok {
-				other = HolderInfo{Client: "another process"}
+				other = Holder{Client: "another process"}
 			}
 			return nil, &HeldError{Path: path, Holder: other}
 		}
-		return nil, fmt.Errorf("leasecore: acquire lock %s: flock: %w", path, err)
+		return nil, fmt.Errorf("daemonlock: acquire lock %s: flock: %w", path, err)
 	}
 	// Temporary files of the metadata and of takeover requests left by a
 	// crash mid-write are garbage now.
@@ -270,9 +245,9 @@ func lockFile(path string, holder HolderInfo) (*FileLock, error) {
 	// a failure to replace it gives the lock up again.
 	if err := writeLockJSON(metadataPath(path), holder); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("leasecore: acquire lock %s: write metadata: %w", path, err)
+		return nil, fmt.Errorf("daemonlock: acquire lock %s: write metadata: %w", path, err)
 	}
-	return &FileLock{path: path, holder: holder, fd: fd, held: true}, nil
+	return &Lock{path: path, holder: holder, fd: fd, held: true}, nil
 }
 
 func openLockFile(path string) (int, error) {
@@ -284,13 +259,12 @@ func openLockFile(path string) (int, error) {
 	}
 }
 
-// Path returns the lock file, absolute and cleaned. It is safe for concurrent
-// use.
-func (l *FileLock) Path() string { return l.path }
+// Path returns the lock file, absolute and cleaned.
+func (l *Lock) Path() string { return l.path }
 
 // Holder returns the holder the lock was acquired for, as recorded in its
-// metadata. It is safe for concurrent use.
-func (l *FileLock) Holder() HolderInfo { return l.holder }
+// metadata.
+func (l *Lock) Holder() Holder { return l.holder }
 
 // Release gives the lock up. While still holding it, it removes the holder
 // metadata (<path>.json) and any pending takeover request
@@ -298,9 +272,9 @@ func (l *FileLock) Holder() HolderInfo { return l.holder }
 // then it unlocks and closes the descriptor, and forgets
 // the path in this process. The lock file stays. The lock is released even
 // when a removal fails; such failures are returned joined, wrapped with their
-// paths. Release on a released, zero or nil FileLock does nothing and returns
-// nil. It is safe for concurrent use.
-func (l *FileLock) Release() error {
+// paths. Release on a released, zero or nil Lock does nothing and returns
+// nil.
+func (l *Lock) Release() error {
 	if l == nil {
 		return nil
 	}
@@ -312,18 +286,18 @@ func (l *FileLock) Release() error {
 	var errs []error
 	for _, p := range []string{metadataPath(l.path), takeoverPath(l.path)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("leasecore: release lock %s: %w", l.path, err))
+			errs = append(errs, fmt.Errorf("daemonlock: release lock %s: %w", l.path, err))
 		}
 	}
 	// Unlock explicitly before closing: a child forked by another goroutine
 	// may still share the open file description until it execs (O_CLOEXEC
 	// acts only at exec), and the lock belongs to the description.
 	if err := unix.Flock(l.fd, unix.LOCK_UN); err != nil {
-		errs = append(errs, fmt.Errorf("leasecore: release lock %s: unlock: %w", l.path, err))
+		errs = append(errs, fmt.Errorf("daemonlock: release lock %s: unlock: %w", l.path, err))
 	}
 	// The descriptor is gone after close(2) even when it reports an error.
 	if err := unix.Close(l.fd); err != nil {
-		errs = append(errs, fmt.Errorf("leasecore: release lock %s: close: %w", l.path, err))
+		errs = append(errs, fmt.Errorf("daemonlock: release lock %s: close: %w", l.path, err))
 	}
 	l.held = false
 	// Unregister last, so that a concurrent acquire in this process sees
@@ -342,21 +316,46 @@ func takeoverPath(path string) string { return strings.TrimSuffix(path, ".lock")
 // read from path+".json", and whether it was present and well-formed. The
 // metadata describes the last holder that did not release cleanly or the
 // current one: it does not prove that the lock is held (check with
-// [AcquireFileLock] or [HolderInfo.Dead]). It is safe for concurrent use.
-func ReadHolder(path string) (HolderInfo, bool) {
-	var h HolderInfo
+// [Acquire], [Held] or [Holder.Dead]).
+func ReadHolder(path string) (Holder, bool) {
+	var h Holder
 	if !readLockJSON(metadataPath(path), &h) {
-		return HolderInfo{}, false
+		return Holder{}, false
 	}
 	return h, true
 }
 
-// LockTakeoverRequest asks the holder of a [FileLock] to give it up (D-TAKEOVER
-// of the reference session lease design). It is a hint: the holder decides
-// whether to release, and the kernel lock remains the arbiter.
-type LockTakeoverRequest struct {
+// Held reports whether some process holds a flock(2) lock on the file at
+// path, by finding its device and inode among the FLOCK entries of
+// /proc/locks (proc(5)). It takes no lock itself, so probing never disturbs
+// the holder. ok is false when path or /proc/locks cannot be read.
+func Held(path string) (held, ok bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false, false
+	}
+	data, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false, false
+	}
+	// "1: FLOCK  ADVISORY  WRITE 4242 00:2a:1234 0 EOF": the device is
+	// major:minor in hex, the inode in decimal.
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		f := bytes.Fields(line)
+		if len(f) >= 6 && string(f[1]) == "FLOCK" && string(f[5]) == want {
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// TakeoverRequest asks the holder of a [Lock] to give it up
+// (docs/PROTOCOL.md §8b). It is a hint: the holder decides whether to
+// release, and the kernel lock remains the arbiter. It is a plain value.
+type TakeoverRequest struct {
 	// Requester is who asks for the lock.
-	Requester HolderInfo `json:"requester"`
+	Requester Holder `json:"requester"`
 	// At is when the request was made (wall clock).
 	At time.Time `json:"at"`
 	// Reason is optional free text for the holder's logs.
@@ -369,37 +368,36 @@ type LockTakeoverRequest struct {
 // A zero req.At is set to the current time. The write is atomic and durable
 // (temporary file, fsync, rename, directory fsync); errors are returned
 // wrapped with the path. Anyone may write a request; holding the lock is not
-// required. It is safe for concurrent use.
-func WriteTakeoverRequest(path string, req LockTakeoverRequest) error {
+// required.
+func WriteTakeoverRequest(path string, req TakeoverRequest) error {
 	if req.At.IsZero() {
 		req.At = time.Now()
 	}
 	p := takeoverPath(path)
 	if err := writeLockJSON(p, req); err != nil {
-		return fmt.Errorf("leasecore: write takeover request %s: %w", p, err)
+		return fmt.Errorf("daemonlock: write takeover request %s: %w", p, err)
 	}
 	return nil
 }
 
 // ReadTakeoverRequest returns the pending takeover request for the lock file
 // at path (see [WriteTakeoverRequest] for where it lives) and whether one was
-// present and well-formed. It is safe for concurrent use.
-func ReadTakeoverRequest(path string) (LockTakeoverRequest, bool) {
-	var req LockTakeoverRequest
+// present and well-formed.
+func ReadTakeoverRequest(path string) (TakeoverRequest, bool) {
+	var req TakeoverRequest
 	if !readLockJSON(takeoverPath(path), &req) {
-		return LockTakeoverRequest{}, false
+		return TakeoverRequest{}, false
 	}
 	return req, true
 }
 
 // ClearTakeoverRequest removes the pending takeover request for the lock file
 // at path (see [WriteTakeoverRequest] for where it lives). A missing request
-// is not an error; other failures are returned wrapped with the path. It is
-// safe for concurrent use.
+// is not an error; other failures are returned wrapped with the path.
 func ClearTakeoverRequest(path string) error {
 	p := takeoverPath(path)
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("leasecore: clear takeover request: %w", err)
+		return fmt.Errorf("daemonlock: clear takeover request: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package leasecore
+package daemonlock
 
 import (
 	"bufio"
@@ -17,13 +17,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/leasecore"
 )
 
 // lockHelperEnv names the lock file that TestHelperProcessHoldsLock holds when
 // the test binary is re-executed as a lock-holding child.
-const lockHelperEnv = "LEASECORE_TEST_HOLD_LOCK"
+const lockHelperEnv = "DAEMONLOCK_TEST_HOLD_LOCK"
 
-const helperClient = "leasecore test helper"
+const helperClient = "daemonlock test helper"
 
 // TestHelperProcessHoldsLock is not a test: run as a child process (see
 // startLockHolder) it acquires the lock named by lockHelperEnv, prints
@@ -34,7 +36,7 @@ func TestHelperProcessHoldsLock(t *testing.T) {
 	if path == "" {
 		t.Skip("helper process for the cross-process lock tests")
 	}
-	l, err := AcquireFileLock(path, CurrentHolder(helperClient))
+	l, err := Acquire(path, CurrentHolder(helperClient))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,13 +105,13 @@ func (p *lockHolder) wait() error {
 // holds it.
 func checkHeldByOther(t *testing.T, path string, pid int) {
 	t.Helper()
-	l, err := AcquireFileLock(path, CurrentHolder("test"))
+	l, err := Acquire(path, CurrentHolder("test"))
 	if err == nil {
 		l.Release()
-		t.Fatal("AcquireFileLock succeeded while another process holds the lock")
+		t.Fatal("Acquire succeeded while another process holds the lock")
 	}
-	if !errors.Is(err, ErrLockHeld) {
-		t.Fatalf("error %v does not match ErrLockHeld", err)
+	if !errors.Is(err, ErrHeld) {
+		t.Fatalf("error %v does not match ErrHeld", err)
 	}
 	he, ok := errors.AsType[*HeldError](err)
 	if !ok {
@@ -126,7 +128,7 @@ func checkHeldByOther(t *testing.T, path string, pid int) {
 	}
 }
 
-func TestFileLockHeldByOtherProcess(t *testing.T) {
+func TestLockHeldByOtherProcess(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "leasefs.lock")
 	child := startLockHolder(t, path)
@@ -138,7 +140,7 @@ func TestFileLockHeldByOtherProcess(t *testing.T) {
 		t.Fatalf("lock holder: %v\nstderr:\n%s", err, child.stderr.String())
 	}
 	// The child exited without Release: the kernel dropped its lock.
-	l, err := AcquireFileLock(path, CurrentHolder("test"))
+	l, err := Acquire(path, CurrentHolder("test"))
 	if err != nil {
 		t.Fatalf("acquire after the holder exited: %v", err)
 	}
@@ -148,7 +150,7 @@ func TestFileLockHeldByOtherProcess(t *testing.T) {
 	}
 }
 
-func TestFileLockReleasedWhenHolderKilled(t *testing.T) {
+func TestLockReleasedWhenHolderKilled(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "leasefs.lock")
 	child := startLockHolder(t, path)
@@ -168,11 +170,11 @@ func TestFileLockReleasedWhenHolderKilled(t *testing.T) {
 	if !ok || stale.PID != pid {
 		t.Fatalf("stale metadata = %+v, %v; want pid %d", stale, ok, pid)
 	}
-	if BootID() != "" && !stale.Dead() {
+	if leasecore.BootID() != "" && !stale.Dead() {
 		t.Errorf("killed holder %v is not reported dead", stale)
 	}
 
-	l, err := AcquireFileLock(path, CurrentHolder("test"))
+	l, err := Acquire(path, CurrentHolder("test"))
 	if err != nil {
 		t.Fatalf("acquire after the holder was killed: %v", err)
 	}
@@ -182,24 +184,24 @@ func TestFileLockReleasedWhenHolderKilled(t *testing.T) {
 	}
 }
 
-func TestFileLockSameProcess(t *testing.T) {
+func TestLockSameProcess(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "leasefs.lock")
 	first := CurrentHolder("first")
-	l, err := AcquireFileLock(path, first)
+	l, err := Acquire(path, first)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// Another spelling of the same path is the same lock.
 	for _, p := range []string{path, dir + "/./leasefs.lock"} {
-		_, err = AcquireFileLock(p, CurrentHolder("second"))
+		_, err = Acquire(p, CurrentHolder("second"))
 		he, ok := errors.AsType[*HeldError](err)
 		if !ok {
 			t.Fatalf("second acquire of %s: err = %v, want *HeldError", p, err)
 		}
-		if !errors.Is(err, ErrLockHeld) || !he.SameProcess || he.Holder.Client != "first" || he.Path != path {
+		if !errors.Is(err, ErrHeld) || !he.SameProcess || he.Holder.Client != "first" || he.Path != path {
 			t.Errorf("second acquire of %s: %#v", p, he)
 		}
 	}
@@ -210,7 +212,7 @@ func TestFileLockSameProcess(t *testing.T) {
 	if err := os.Symlink(dir, alias); err != nil {
 		t.Fatal(err)
 	}
-	_, err = AcquireFileLock(filepath.Join(alias, "leasefs.lock"), CurrentHolder("third"))
+	_, err = Acquire(filepath.Join(alias, "leasefs.lock"), CurrentHolder("third"))
 	if he, ok := errors.AsType[*HeldError](err); !ok || he.SameProcess || he.Holder.PID != os.Getpid() {
 		t.Errorf("acquire through a symlink: %v, want *HeldError naming this pid from metadata", err)
 	}
@@ -221,7 +223,7 @@ func TestFileLockSameProcess(t *testing.T) {
 	if err := l.Release(); err != nil {
 		t.Errorf("second Release: %v", err)
 	}
-	l2, err := AcquireFileLock(path, CurrentHolder("again"))
+	l2, err := Acquire(path, CurrentHolder("again"))
 	if err != nil {
 		t.Fatalf("acquire after Release: %v", err)
 	}
@@ -230,30 +232,30 @@ func TestFileLockSameProcess(t *testing.T) {
 	}
 }
 
-func TestFileLockReleaseZero(t *testing.T) {
+func TestLockReleaseZero(t *testing.T) {
 	t.Parallel()
-	var nilLock *FileLock
+	var nilLock *Lock
 	if err := nilLock.Release(); err != nil {
 		t.Errorf("nil Release: %v", err)
 	}
-	if err := new(FileLock).Release(); err != nil {
+	if err := new(Lock).Release(); err != nil {
 		t.Errorf("zero Release: %v", err)
 	}
 }
 
-func TestFileLockConcurrentAcquire(t *testing.T) {
+func TestLockConcurrentAcquire(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "leasefs.lock")
 	const n = 16
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
-		won   []*FileLock
+		won   []*Lock
 		other []error
 	)
 	for range n {
 		wg.Go(func() {
-			l, err := AcquireFileLock(path, CurrentHolder("racer"))
+			l, err := Acquire(path, CurrentHolder("racer"))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -275,7 +277,7 @@ func TestFileLockConcurrentAcquire(t *testing.T) {
 	}
 }
 
-func TestFileLockMetadata(t *testing.T) {
+func TestLockMetadata(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "leasefs.lock")
@@ -287,14 +289,14 @@ func TestFileLockMetadata(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	want := HolderInfo{
+	want := Holder{
 		PID:       os.Getpid(),
-		BootID:    BootID(),
-		Host:      Hostname(),
+		BootID:    leasecore.BootID(),
+		Host:      leasecore.Hostname(),
 		Client:    "leasefs mount /mnt/x",
 		StartedAt: time.Date(2026, 11, 30, 2, 0, 0, 123456789, time.UTC),
 	}
-	l, err := AcquireFileLock(path, want)
+	l, err := Acquire(path, want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +312,7 @@ func TestFileLockMetadata(t *testing.T) {
 		t.Errorf("metadata file: %v, %v; want mode 0600", fi, err)
 	}
 
-	if err := WriteTakeoverRequest(path, LockTakeoverRequest{Requester: CurrentHolder("asker")}); err != nil {
+	if err := WriteTakeoverRequest(path, TakeoverRequest{Requester: CurrentHolder("asker")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Release(); err != nil {
@@ -327,11 +329,11 @@ func TestFileLockMetadata(t *testing.T) {
 	}
 }
 
-func TestFileLockStartedAtDefault(t *testing.T) {
+func TestLockStartedAtDefault(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "leasefs.lock")
 	before := time.Now()
-	l, err := AcquireFileLock(path, HolderInfo{PID: os.Getpid(), Client: "no time"})
+	l, err := Acquire(path, Holder{PID: os.Getpid(), Client: "no time"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,12 +343,12 @@ func TestFileLockStartedAtDefault(t *testing.T) {
 	}
 }
 
-func TestAcquireFileLockMissingDir(t *testing.T) {
+func TestAcquireMissingDir(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "state")
 	path := filepath.Join(dir, "leasefs.lock")
-	_, err := AcquireFileLock(path, CurrentHolder("test"))
-	if err == nil || errors.Is(err, ErrLockHeld) || !errors.Is(err, fs.ErrNotExist) {
+	_, err := Acquire(path, CurrentHolder("test"))
+	if err == nil || errors.Is(err, ErrHeld) || !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("acquire in a missing directory: %v, want a not-exist error", err)
 	}
 	if !strings.Contains(err.Error(), path) {
@@ -356,7 +358,7 @@ func TestAcquireFileLockMissingDir(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	l, err := AcquireFileLock(path, CurrentHolder("test"))
+	l, err := Acquire(path, CurrentHolder("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +376,7 @@ func TestTakeoverRequestRoundTrip(t *testing.T) {
 		t.Errorf("Clear with no request: %v", err)
 	}
 
-	want := LockTakeoverRequest{
+	want := TakeoverRequest{
 		Requester: CurrentHolder("leasefs mount /mnt/y"),
 		At:        time.Date(2026, 11, 30, 2, 5, 0, 0, time.UTC),
 		Reason:    "upgrade",
@@ -407,7 +409,7 @@ func TestTakeoverRequestDefaultsAt(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "leasefs.lock")
 	before := time.Now()
-	if err := WriteTakeoverRequest(path, LockTakeoverRequest{Requester: CurrentHolder("asker")}); err != nil {
+	if err := WriteTakeoverRequest(path, TakeoverRequest{Requester: CurrentHolder("asker")}); err != nil {
 		t.Fatal(err)
 	}
 	got, ok := ReadTakeoverRequest(path)
@@ -434,7 +436,7 @@ func TestTakeoverRequestMalformed(t *testing.T) {
 	}
 }
 
-func TestFileLockSidePaths(t *testing.T) {
+func TestLockSidePaths(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		lock, metadata, takeover string
@@ -452,10 +454,10 @@ func TestFileLockSidePaths(t *testing.T) {
 	}
 }
 
-func TestHolderInfoDead(t *testing.T) {
+func TestHolderDead(t *testing.T) {
 	t.Parallel()
 	self := CurrentHolder("test")
-	with := func(f func(*HolderInfo)) HolderInfo {
+	with := func(f func(*Holder)) Holder {
 		h := self
 		f(&h)
 		return h
@@ -464,23 +466,23 @@ func TestHolderInfoDead(t *testing.T) {
 	const gonePID = 4194303
 	tests := []struct {
 		name string
-		h    HolderInfo
+		h    Holder
 		want bool
 	}{
 		{"this process", self, false},
-		{"gone pid", with(func(h *HolderInfo) { h.PID = gonePID }), true},
-		{"gone pid on another host", with(func(h *HolderInfo) { h.PID = gonePID; h.Host = "elsewhere" }), false},
-		{"gone pid in another boot", with(func(h *HolderInfo) { h.PID = gonePID; h.BootID = "00000000-0000-0000-0000-000000000000" }), false},
-		{"gone pid, no boot id", with(func(h *HolderInfo) { h.PID = gonePID; h.BootID = "" }), false},
-		{"gone pid, no host", with(func(h *HolderInfo) { h.PID = gonePID; h.Host = "" }), false},
-		{"pid 0", with(func(h *HolderInfo) { h.PID = 0 }), false},
-		{"negative pid", with(func(h *HolderInfo) { h.PID = -1 }), false},
-		{"zero value", HolderInfo{}, false},
+		{"gone pid", with(func(h *Holder) { h.PID = gonePID }), true},
+		{"gone pid on another host", with(func(h *Holder) { h.PID = gonePID; h.Host = "elsewhere" }), false},
+		{"gone pid in another boot", with(func(h *Holder) { h.PID = gonePID; h.BootID = "00000000-0000-0000-0000-000000000000" }), false},
+		{"gone pid, no boot id", with(func(h *Holder) { h.PID = gonePID; h.BootID = "" }), false},
+		{"gone pid, no host", with(func(h *Holder) { h.PID = gonePID; h.Host = "" }), false},
+		{"pid 0", with(func(h *Holder) { h.PID = 0 }), false},
+		{"negative pid", with(func(h *Holder) { h.PID = -1 }), false},
+		{"zero value", Holder{}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.want {
-				if BootID() == "" {
+				if leasecore.BootID() == "" {
 					t.Skip("no boot id on this machine: Dead cannot be sure")
 				}
 				if err := unix.Kill(tt.h.PID, 0); !errors.Is(err, unix.ESRCH) {
@@ -494,19 +496,19 @@ func TestHolderInfoDead(t *testing.T) {
 	}
 }
 
-func TestHolderInfoString(t *testing.T) {
+func TestHolderString(t *testing.T) {
 	t.Parallel()
 	at := time.Date(2026, 11, 30, 3, 0, 0, 500, time.FixedZone("CET", 3600))
 	tests := []struct {
-		h    HolderInfo
+		h    Holder
 		want string
 	}{
-		{HolderInfo{PID: 123, Host: "vm", Client: "leasefs mount /mnt/x", StartedAt: at},
+		{Holder{PID: 123, Host: "vm", Client: "leasefs mount /mnt/x", StartedAt: at},
 			"leasefs mount /mnt/x (pid 123 on host vm, since 2026-11-30T02:00:00Z)"},
-		{HolderInfo{PID: 123, Client: "c"}, "c (pid 123)"},
-		{HolderInfo{Host: "vm", Client: "c"}, "c (on host vm)"},
-		{HolderInfo{Client: "another process"}, "another process"},
-		{HolderInfo{}, "unknown holder"},
+		{Holder{PID: 123, Client: "c"}, "c (pid 123)"},
+		{Holder{Host: "vm", Client: "c"}, "c (on host vm)"},
+		{Holder{Client: "another process"}, "another process"},
+		{Holder{}, "unknown holder"},
 	}
 	for _, tt := range tests {
 		if got := tt.h.String(); got != tt.want {
@@ -519,25 +521,51 @@ func TestCurrentHolder(t *testing.T) {
 	t.Parallel()
 	before := time.Now()
 	h := CurrentHolder("leasefs mount /mnt/z")
-	if h.PID != os.Getpid() || h.BootID != BootID() || h.Host != Hostname() ||
+	if h.PID != os.Getpid() || h.BootID != leasecore.BootID() || h.Host != leasecore.Hostname() ||
 		h.Client != "leasefs mount /mnt/z" || h.StartedAt.Before(before) {
 		t.Errorf("CurrentHolder = %+v", h)
 	}
-	if Hostname() == "" {
+	if leasecore.Hostname() == "" {
 		t.Error("Hostname is empty")
 	}
 }
 
 func TestHeldError(t *testing.T) {
 	t.Parallel()
-	err := error(&HeldError{Path: "/state/leasefs.lock", Holder: HolderInfo{PID: 7, Host: "vm", Client: "c"}})
-	if want := "leasecore: /state/leasefs.lock is held by c (pid 7 on host vm)"; err.Error() != want {
+	err := error(&HeldError{Path: "/state/leasefs.lock", Holder: Holder{PID: 7, Host: "vm", Client: "c"}})
+	if want := "daemonlock: /state/leasefs.lock is held by c (pid 7 on host vm)"; err.Error() != want {
 		t.Errorf("Error() = %q, want %q", err.Error(), want)
 	}
-	if !errors.Is(err, ErrLockHeld) {
-		t.Error("HeldError does not match ErrLockHeld")
+	if !errors.Is(err, ErrHeld) {
+		t.Error("HeldError does not match ErrHeld")
 	}
-	if errors.Is(err, errors.New(ErrLockHeld.Error())) {
-		t.Error("HeldError matches a sentinel other than ErrLockHeld")
+	if errors.Is(err, errors.New(ErrHeld.Error())) {
+		t.Error("HeldError matches a sentinel other than ErrHeld")
+	}
+}
+
+func TestHeld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "leasefs.lock")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if held, ok := Held(path); !ok || held {
+		t.Fatalf("Held(unlocked) = %v, %v; want false, true", held, ok)
+	}
+	lock, err := Acquire(path, CurrentHolder("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, ok := Held(path); !ok || !held {
+		t.Errorf("Held(locked) = %v, %v; want true, true", held, ok)
+	}
+	if err := lock.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := Held(path); held {
+		t.Errorf("Held after Release = true")
+	}
+	if _, ok := Held(filepath.Join(t.TempDir(), "missing")); ok {
+		t.Errorf("Held(missing) ok = true")
 	}
 }
