@@ -54,6 +54,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
+	var code exitCode
+	if errors.As(err, &code) {
+		return int(code) // the command said all there is to say
+	}
 	fmt.Fprintln(stderr, "leasefs:", message(err))
 	var ue usageError
 	switch {
@@ -135,7 +139,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newMountCmd(stderr), newLsCmd(stdout), newHistoryCmd(stdout), newVersionCmd(stdout))
+	root.AddCommand(newMountCmd(stderr), newLsCmd(stdout), newHistoryCmd(stdout), newStatusCmd(stdout),
+		newLockCmd(stdout, stderr), newVersionCmd(stdout))
 	return root
 }
 

@@ -146,7 +146,12 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	id, cred, bound := h.id, h.reserved || h.authenticated, h.bound
 	h.mu.Unlock()
 	if req.flock && bound {
-		return 0 // flock(2) on a lock this open file already holds
+		// flock(2) on a lock this open file already holds: a no-op, but
+		// the caller is now the process that holds it.
+		if _, err := f.store.Bind(ctx, id, req.c.pid); err != nil && !errors.Is(err, leasecore.ErrInactive) {
+			return f.refuse(op, h.resource, req.c, toErrno(err), err)
+		}
+		return 0
 	}
 	if !req.flock {
 		if held, ok := f.posix.get(req.key); ok {

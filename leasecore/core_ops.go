@@ -303,7 +303,7 @@ func (s *store) End(ctx context.Context, id string, status Status) (Lease, error
 // Bind turns live lease id into a handle lease; see [Store.Bind].
 func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
 	return s.mutateActive(id, nil, func(e *entry) error {
-		if e.lease.Mode == ModeHandle {
+		if e.lease.Mode == ModeHandle && (holderPID <= 0 || holderPID == e.lease.HolderPID) {
 			return nil
 		}
 		l := e.lease

@@ -183,7 +183,8 @@ type Store interface {
 	// Bind turns live lease id into a handle lease held by process
 	// holderPID (docs/PROTOCOL.md §6): mode handle, no expiry by time; it
 	// then ends only by [Store.End] or [Store.Release]. Binding a handle
-	// lease again is a no-op. Errors: ErrNotFound, ErrInactive,
+	// lease again only records a new holderPID (another process of the
+	// same open file locked it again). Errors: ErrNotFound, ErrInactive,
 	// *PersistError.
 	Bind(ctx context.Context, id string, holderPID int) (Lease, error)
 	// RequestTakeover records a takeover request on live lease id.

@@ -210,7 +210,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 
 	lockPath := filepath.Join(state, DaemonLockName)
-	lock, err := acquireDaemonLock(ctx, lockPath, mp, daemonlock.CurrentHolder("leasefs mount "+mp), opts, log)
+	me := daemonlock.CurrentHolder("leasefs mount " + mp)
+	me.Mountpoint = mp
+	lock, err := acquireDaemonLock(ctx, lockPath, mp, me, opts, log)
 	if err != nil {
 		return err
 	}

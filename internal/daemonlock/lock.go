@@ -38,6 +38,9 @@ type Holder struct {
 	Host string `json:"host"`
 	// Client is a human label, e.g. "leasefs mount /mnt/leases".
 	Client string `json:"client"`
+	// Mountpoint is where the holder serves the store, for "leasefs lock"
+	// and "leasefs status"; "" when it serves none.
+	Mountpoint string `json:"mountpoint,omitempty"`
 	// StartedAt is when the holder acquired the lock (wall clock).
 	StartedAt time.Time `json:"startedAt"`
 }

@@ -1,0 +1,155 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// lockCmd runs `leasefs lock ARGS...` and returns its result.
+func lockCmd(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	return runClient(t, env, append([]string{leasefsBin, "lock"}, args...)...)
+}
+
+// `leasefs lock` runs the command holding a handle lease, tells it the lease
+// and fencing token, does not leak the locked descriptor, exits with its
+// status and frees the name when it ends.
+func TestLockRunsCommand(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := filepath.Join(d.mountpoint, "job")
+	script := `echo "env $LEASEFS_RESOURCE $LEASEFS_LEASE_ID $LEASEFS_GENERATION"
+cat "$P"
+for f in /proc/$$/fd/*; do echo "fd $(readlink "$f")"; done
+exit 7`
+	r := lockCmd(t, []string{"P=" + p}, "--mount", d.mountpoint, "job", "--", "bash", "-c", script)
+	if r.code != 7 {
+		t.Fatalf("lock exit = %d, want the command's 7: %s", r.code, r)
+	}
+	var doc strings.Builder
+	var env []string
+	for line := range strings.SplitSeq(r.stdout, "\n") {
+		if strings.Contains(line, " = ") {
+			doc.WriteString(line + "\n")
+		}
+		if rest, ok := strings.CutPrefix(line, "env "); ok {
+			env = strings.Fields(rest)
+		}
+		if strings.HasPrefix(line, "fd ") && strings.Contains(line, d.mountpoint) {
+			t.Errorf("the command inherited a descriptor of the mount: %s", line)
+		}
+	}
+	st := parseStatus(t, doc.String())
+	if len(env) != 3 || env[0] != "job" || env[1] != st["lease_id"] || env[2] != st["generation"] {
+		t.Errorf("command environment %q, status document %v", env, st)
+	}
+	if st["mode"] != "handle" || st["status"] != "active" {
+		t.Errorf("while the command ran the lease was %v, want an active handle lease", st)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Errorf("name still held after the command ended: %v", err)
+	}
+	// A command killed by a signal: 128 + N, as a shell reports it.
+	if r := lockCmd(t, nil, "--mount", d.mountpoint, "job", "--", "bash", "-c", "kill -9 $$"); r.code != 128+9 {
+		t.Errorf("lock of a command killed by SIGKILL exit = %d, want 137", r.code)
+	}
+}
+
+// -n and -w give up on a held name with 1 (or -E); a waiting lock is
+// granted once the holder ends.
+func TestLockConflictAndWait(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "busy", "--", "bash", "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	if r := lockCmd(t, nil, "-n", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "busy is held") {
+		t.Errorf("lock -n on a held name: %s", r)
+	}
+	if r := lockCmd(t, nil, "-n", "-E", "75", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 75 {
+		t.Errorf("lock -n -E 75 exit = %d, want 75", r.code)
+	}
+	if r := lockCmd(t, nil, "-w", "200ms", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "still held") {
+		t.Errorf("lock -w 200ms on a held name: %s", r)
+	}
+	waiter := startProc(t, nil, leasefsBin, "lock", "-w", "20s", "--mount", d.mountpoint, "busy", "--", "bash", "-c", `echo "granted $LEASEFS_GENERATION"`)
+	waitWaiters(t, filepath.Join(d.mountpoint, "busy"), 1)
+	holder.killGroup()
+	if r := waiter.wait(20 * time.Second); r.code != 0 || !strings.Contains(r.stdout, "granted ") {
+		t.Fatalf("waiting lock after the holder ended: %s", r)
+	}
+}
+
+// When the daemon stops while the command runs, the command gets SIGTERM
+// and lock exits 4; the mount comes from the daemon serving the default
+// state directory when neither --mount nor $LEASEFS_MOUNT says.
+func TestLockLostLease(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	env := []string{"LEASEFS_STATE=" + d.state, "LEASEFS_MOUNT="}
+	p := startProc(t, env, leasefsBin, "lock", "--grace", "5s", "long", "--",
+		"bash", "-c", `trap 'echo got-term; exit 0' TERM; echo running; while :; do sleep 0.05; done`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	d.stop(true)
+	r := p.wait(20 * time.Second)
+	if r.code != 4 || !strings.Contains(r.stdout, "got-term") || !strings.Contains(r.stderr, "lost") {
+		t.Fatalf("lock whose daemon stopped: exit %d, want 4 after the command got SIGTERM: %s", r.code, r)
+	}
+}
+
+// Signals sent to lock reach the command.
+func TestLockForwardsSignals(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "sig", "--",
+		"bash", "-c", `trap 'echo got-usr1; exit 3' USR1; echo running; while :; do sleep 0.05; done`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	p.signal(syscall.SIGUSR1)
+	if r := p.wait(20 * time.Second); r.code != 3 || !strings.Contains(r.stdout, "got-usr1") {
+		t.Fatalf("lock after SIGUSR1: %s", r)
+	}
+}
+
+// `leasefs status` reports the serving daemon and what the store holds, and
+// exits 1 once no daemon serves it.
+func TestStatusCommand(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	d := startDaemon(t, daemonOpts{})
+	reserve(t, filepath.Join(d.mountpoint, "tok"))
+	holder := startProc(t, nil, "flock", filepath.Join(d.mountpoint, "h"), "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	waiter := startProc(t, nil, "flock", filepath.Join(d.mountpoint, "h"), "true")
+	waitWaiters(t, filepath.Join(d.mountpoint, "h"), 1)
+
+	r := runClient(t, nil, leasefsBin, "status", "--state", d.state, "--json")
+	if r.code != 0 {
+		t.Fatalf("status of a served store: %s", r)
+	}
+	var st map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r.stdout)
+	}
+	leases, _ := st["leases"].(map[string]any)
+	if st["served"] != true || fmt.Sprint(st["pid"]) != strconv.Itoa(d.pid) || st["mountpoint"] != d.mountpoint ||
+		fmt.Sprint(leases["token"]) != "1" || fmt.Sprint(leases["handle"]) != "1" || fmt.Sprint(st["waiters"]) != "1" ||
+		st["oldest_heartbeat"] == nil || st["since"] == nil {
+		t.Errorf("status = %s", r.stdout)
+	}
+	if r := runClient(t, nil, leasefsBin, "status", "--state", d.state); r.code != 0 || !strings.Contains(r.stdout, "served:      yes") {
+		t.Errorf("status table: %s", r)
+	}
+	holder.killGroup()
+	waiter.wait(20 * time.Second)
+	d.stop(true)
+	r = runClient(t, nil, leasefsBin, "status", "--state", d.state, "--json")
+	if r.code != 1 || !strings.Contains(r.stdout, `"served": false`) {
+		t.Errorf("status without a daemon: %s", r)
+	}
+}

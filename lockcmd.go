@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+)
+
+// Exit codes of "leasefs lock" besides the command's own status
+// (docs/PROTOCOL.md §8).
+const (
+	// exitConflict: -n found the name held, or -w timed out (flock(1)'s 1;
+	// -E sets another).
+	exitConflict = 1
+	// exitLost: the lease was lost while the command ran (the daemon stopped
+	// or lost its store); the command was sent SIGTERM, then SIGKILL.
+	exitLost = 4
+)
+
+// lockCheckEvery is how often "leasefs lock" checks, through its locked
+// descriptor, that the lease still holds while the command runs.
+const lockCheckEvery = 250 * time.Millisecond
+
+// defaultLostGrace is how long a command whose lease was lost has between
+// SIGTERM and SIGKILL.
+const defaultLostGrace = 10 * time.Second
+
+// forwarded are the signals "leasefs lock" passes on to the command.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// lockOptions are the flags of "leasefs lock".
+type lockOptions struct {
+	noWait   bool
+	wait     time.Duration
+	conflict int
+	mount    string
+	grace    time.Duration
+}
+
+func newLockCmd(stdout, stderr io.Writer) *cobra.Command {
+	var o lockOptions
+	cmd := &cobra.Command{
+		Use:   "lock [-n | -w DURATION] [-E CODE] [--mount DIR] NAME -- CMD [ARG...]",
+		Short: "Run a command while holding a handle lease on NAME (like flock(1))",
+		Long: `Run CMD while holding a handle lease on NAME, the lease file NAME under
+the mount: the lease lives exactly as long as CMD, and ends even if CMD is
+killed. CMD gets LEASEFS_RESOURCE, LEASEFS_LEASE_ID and LEASEFS_GENERATION
+(the fencing token: strictly larger for every newer lease) in its
+environment, and does not inherit the locked descriptor.
+
+Without -n or -w, lock waits first come first served until NAME is free.
+It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
+conflict (-n) or timeout (-w); 4 when the lease was lost while CMD ran (the
+daemon stopped or lost its store): CMD then gets SIGTERM, and SIGKILL after
+--grace. Signals sent to lock are passed on to CMD.
+
+The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
+daemon serving the default state directory.`,
+		Example: `  leasefs lock deploy -- ./deploy.sh            # wait for the lease, run, release
+  leasefs lock -n nightly -- make backup         # give up at once if held
+  leasefs lock -w 30s -E 75 db/migrate -- ./migrate
+  leasefs lock ci/job -- sh -c 'echo "fencing token $LEASEFS_GENERATION"'`,
+		Args: func(c *cobra.Command, a []string) error {
+			if len(a) < 2 || c.ArgsLenAtDash() != 1 {
+				return usageError{errors.New("want NAME -- CMD [ARG...]")}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, a []string) error {
+			if o.noWait && o.wait > 0 {
+				return usageError{errors.New("-n and -w exclude each other")}
+			}
+			code, err := runLock(c.Context(), o, a[0], a[1:], stderr)
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return exitCode(code)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVarP(&o.noWait, "nonblock", "n", false, "fail at once if NAME is held")
+	f.DurationVarP(&o.wait, "wait", "w", 0, "give up after waiting this long")
+	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
+	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the default state's mountpoint)")
+	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
+	return cmd
+}
+
+// exitCode is an error that only sets the exit status; nothing is printed.
+type exitCode int
+
+func (e exitCode) Error() string { return "exit status " + strconv.Itoa(int(e)) }
+
+// runLock takes the lease, runs argv and returns the exit code.
+func runLock(ctx context.Context, o lockOptions, name string, argv []string, stderr io.Writer) (int, error) {
+	mnt, err := lockMount(o.mount)
+	if err != nil {
+		return 0, err
+	}
+	path := filepath.Join(mnt, name)
+	// As flock(1) does: a read-only open that creates, so that a free name
+	// is reserved by this open file and the lock binds it.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("cannot open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	switch err := takeLock(ctx, fd, o); {
+	case ctx.Err() != nil:
+		return 128 + int(syscall.SIGINT), nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		fmt.Fprintf(stderr, "leasefs: %s is held\n", name)
+		return o.conflict, nil
+	case errors.Is(err, errTimedOut):
+		fmt.Fprintf(stderr, "leasefs: %s still held after %s\n", name, o.wait)
+		return o.conflict, nil
+	case err != nil:
+		return 0, fmt.Errorf("cannot lock %s: %w", path, err)
+	}
+	st, err := readStatus(fd)
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the lease of %s: %w", path, err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(),
+		"LEASEFS_RESOURCE="+st["resource"], "LEASEFS_LEASE_ID="+st["lease_id"], "LEASEFS_GENERATION="+st["generation"])
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	check := time.NewTicker(lockCheckEvery)
+	defer check.Stop()
+	for {
+		select {
+		case <-exited:
+			return waitStatus(cmd.ProcessState), nil
+		case s := <-sigs:
+			_ = cmd.Process.Signal(s)
+		case <-check.C:
+			if _, err := readStatus(fd); err != nil && lostLease(err) {
+				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s\n", name, err, argv[0])
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				select {
+				case <-exited:
+				case <-time.After(o.grace):
+					_ = cmd.Process.Kill()
+					<-exited
+				}
+				return exitLost, nil
+			}
+		}
+	}
+}
+
+// lostLease reports whether err, from a read of the locked descriptor, says
+// the lease is gone: ended (ESTALE), or its daemon gone (ENOTCONN,
+// ECONNABORTED) or failing (EIO).
+func lostLease(err error) bool {
+	return errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOTCONN) ||
+		errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EIO)
+}
+
+// waitStatus renders how a process ended as a shell would: its exit code,
+// or 128+N after signal N.
+func waitStatus(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+var errTimedOut = errors.New("timed out")
+
+// flockChild is the hidden command that takes every blocking flock on its
+// inherited descriptor 3 for "leasefs lock", so that a wait can be ended
+// by a timeout (-w) or a signal to lock: a flock belongs to the open
+// file description, which the child shares with its parent, so the lock it
+// takes stays with the parent when it exits. A wait is ended by killing the
+// child; the kernel then abandons its lock request. (A
+// signal to a waiting thread of the parent would not do: Go installs its
+// signal handlers with SA_RESTART, and the kernel restarts the flock.)
+const flockChild = "__flock"
+
+// takeLock takes flock(LOCK_EX) on fd: at once with o.noWait, else waiting
+// first come first served, at most o.wait when set, until ctx ends (a
+// signal to "leasefs lock": ctx.Err()).
+func takeLock(ctx context.Context, fd int, o lockOptions) error {
+	if o.noWait {
+		return flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
+	}
+	var timeout <-chan time.Time
+	if o.wait > 0 {
+		timeout = time.After(o.wait)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	child := exec.Command(self, flockChild)
+	child.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "lease")}
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- child.Wait() }()
+	select {
+	case err := <-done:
+		if code := child.ProcessState.ExitCode(); code > 0 && code < 256 && err != nil {
+			return unix.Errno(code)
+		}
+		if err != nil {
+			return err
+		}
+		// The lock is ours; locking it again records this process, not
+		// the helper that has exited, as its holder.
+		return flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
+	case <-timeout:
+		_ = child.Process.Kill()
+		<-done
+		return errTimedOut
+	case <-ctx.Done():
+		_ = child.Process.Kill()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// runFlockChild is the body of [flockChild]: flock descriptor 3 and exit
+// 0, or with the errno as the exit code.
+func runFlockChild() int {
+	if err := flockRetry(3, unix.LOCK_EX); err != nil {
+		var errno unix.Errno
+		if errors.As(err, &errno) {
+			return int(errno)
+		}
+		return int(unix.EIO)
+	}
+	return 0
+}
+
+// flockRetry calls flock(2), retrying after EINTR.
+func flockRetry(fd, how int) error {
+	for {
+		if err := unix.Flock(fd, how); !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// readStatus reads the status document through fd and returns its keys
+// with values unquoted.
+func readStatus(fd int) (map[string]string, error) {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Pread(fd, buf, 0)
+	if err != nil {
+		return nil, err
+	}
+	st := make(map[string]string)
+	for line := range strings.SplitSeq(string(buf[:n]), "\n") {
+		k, v, ok := strings.Cut(line, " = ")
+		if !ok {
+			continue
+		}
+		if u, err := strconv.Unquote(v); err == nil {
+			v = u
+		}
+		st[k] = v
+	}
+	if st["lease_id"] == "" {
+		return nil, errors.New("no status document")
+	}
+	return st, nil
+}
