@@ -298,6 +298,7 @@ func Run(ctx context.Context, opts Options) error {
 	select {
 	case <-ctx.Done():
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
+		warnHandleLeases(store, log)
 		unmount(server, mp, root, log)
 	case req := <-takeover:
 		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
@@ -322,6 +323,23 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("stopped", "mountpoint", mp)
 	return nil
+}
+
+// warnHandleLeases logs, at WARN, every handle lease that stopping the
+// daemon is about to end: their open files die with the FUSE connection
+// (docs/PROTOCOL.md §8b).
+func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
+	leases, err := store.List(context.Background())
+	if err != nil {
+		log.Warn("listing handle leases before stopping", "err", err)
+		return
+	}
+	for _, l := range leases {
+		if l.Mode == leasecore.ModeHandle {
+			log.Warn("stopping ends a handle lease", "resource", l.Resource, "lease", l.ID,
+				"holder_pid", l.HolderPID, "holder_uid", l.HolderUID)
+		}
+	}
 }
 
 // fileStoreOpener is the default [Options.OpenStore]: the embedded file
