@@ -117,6 +117,8 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "leasefs",
 		Short:         "Exclusive writer leases as files: a FUSE lease directory",
+		Long:          rootLong,
+		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// Suggest commands within this edit distance of an unknown one.
@@ -140,7 +142,9 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newMountCmd(stderr), newLsCmd(stdout), newHistoryCmd(stdout), newStatusCmd(stdout),
-		newLockCmd(stdout, stderr), newVersionCmd(stdout))
+		newLockCmd(stdout, stderr), newVersionCmd(stdout), newManCmd(stdout))
+	root.SetVersionTemplate("leasefs {{.Version}}\n")
+	registerDirCompletion(root)
 	return root
 }
 
@@ -166,9 +170,18 @@ func optionalArg(name string) cobra.PositionalArgs {
 func newMountCmd(stderr io.Writer) *cobra.Command {
 	var opts mount.Options
 	var debug bool
+	var logFormat string
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
+		Long: `Serve the lease store of --state on MOUNTPOINT, in the foreground, until
+SIGINT or SIGTERM (then unmount; handle leases end with the mount). One
+daemon serves a state directory at a time: a second mount of the same
+state fails at once and names the holder, unless --takeover asks it to
+hand over. Root mounts directly; other users through fusermount3.`,
+		Example: `  leasefs mount /mnt/leases
+  leasefs mount --state /srv/leases --lease-duration 60s --allow-other /mnt/leases
+  leasefs mount --takeover /mnt/leases      # replace the running daemon, keep token leases`,
 		Args: func(_ *cobra.Command, a []string) error {
 			switch {
 			case len(a) == 0:
@@ -194,7 +207,11 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 			if debug {
 				level = slog.LevelDebug
 			}
-			opts.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			logger, err := newLogger(stderr, logFormat, level)
+			if err != nil {
+				return err
+			}
+			opts.Logger = logger
 			return mount.Run(cmd.Context(), opts)
 		},
 	}
@@ -207,8 +224,23 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	f.BoolVar(&opts.Takeover, "takeover", false, "ask a daemon already serving --state to hand over, then mount")
 	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
 	f.BoolVar(&debug, "debug", false, "log debug messages")
+	f.StringVar(&logFormat, "log-format", "text", "log as text or json (log/slog handlers)")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")
 	return cmd
+}
+
+// newLogger returns the daemon's logger writing to w: log/slog's text
+// handler, or its JSON handler for collectors (docs/PROTOCOL.md §8b).
+// Errors: a usage error for another format.
+func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, error) {
+	o := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", format)}
 }
 
 // openReadOnly opens the store at state for reading under its shared lock.
@@ -247,7 +279,14 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ls [--state DIR] [--json]",
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
-		Args:  noArgs,
+		Long: `List the live leases of the store in --state: resource, mode, holder uid
+and pid, generation (fencing token), age and time to expiry. Reads the
+store under its lock, whether or not a daemon serves it; a state
+directory that was never served is an empty store. --json prints every
+key of each lease's status document.`,
+		Example: `  leasefs ls
+  leasefs ls --state /srv/leases --json | jq -r '.[] | select(.mode == "handle") | .resource'`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := openReadOnly(state, cmd.ErrOrStderr())
 			if err != nil {
@@ -286,7 +325,12 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "history [--state DIR] [RESOURCE] [--json]",
 		Short: "List ended leases, newest first",
-		Args:  optionalArg("RESOURCE"),
+		Long: `List the ended leases kept in the store's history (--history-keep of the
+daemon), newest first, of every resource or of RESOURCE: how each ended
+(complete or abandoned), its generation and its times.`,
+		Example: `  leasefs history
+  leasefs history ci/deploy --json`,
+		Args: optionalArg("RESOURCE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			resource := ""
 			if len(a) == 1 {
@@ -320,9 +364,10 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 
 func newVersionCmd(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
-		Short: "Print version and build information",
-		Args:  noArgs,
+		Use:     "version",
+		Short:   "Print version and build information",
+		Example: "  leasefs version\n  leasefs --version",
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(stdout, "leasefs %s\n", version)
 			if bi, ok := debug.ReadBuildInfo(); ok {

@@ -72,6 +72,7 @@ daemon serving the default state directory.`,
   leasefs lock -n nightly -- make backup         # give up at once if held
   leasefs lock -w 30s -E 75 db/migrate -- ./migrate
   leasefs lock ci/job -- sh -c 'echo "fencing token $LEASEFS_GENERATION"'`,
+		ValidArgsFunction: completeLeaseNames,
 		Args: func(c *cobra.Command, a []string) error {
 			if len(a) < 2 || c.ArgsLenAtDash() != 1 {
 				return usageError{errors.New("want NAME -- CMD [ARG...]")}
