@@ -16,6 +16,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/leasefs/leasefs/leasecore"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // TestMain fails the package when a goroutine of [FS.Run] outlives the
@@ -63,7 +65,7 @@ const (
 // testEnv is a lease filesystem over an in-memory store with a fake clock,
 // built without a mount.
 type testEnv struct {
-	clock *leasecore.FakeClock
+	clock *clocktest.FakeClock
 	store *leasecore.MemStore
 	fsys  *FS
 	root  *dirNode
@@ -73,7 +75,7 @@ type testEnv struct {
 // opts fields take the store's defaults; the clock is always fake.
 func newEnv(t *testing.T, opts leasecore.Options) *testEnv {
 	t.Helper()
-	clock := leasecore.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
+	clock := clocktest.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
 	opts.Clock = clock
 	opts.Logger = slog.New(slog.DiscardHandler)
 	if opts.Host == "" {
@@ -85,7 +87,7 @@ func newEnv(t *testing.T, opts leasecore.Options) *testEnv {
 }
 
 // newEnvOn builds the node tree over s (which may wrap mem).
-func newEnvOn(t *testing.T, clock *leasecore.FakeClock, mem *leasecore.MemStore, s leasecore.Store) *testEnv {
+func newEnvOn(t *testing.T, clock *clocktest.FakeClock, mem *leasecore.MemStore, s leasecore.Store) *testEnv {
 	t.Helper()
 	f := New(s, Options{Logger: slog.New(slog.DiscardHandler)})
 	_ = f.RawFileSystem() // initialises the inode tree

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // BenchmarkReserveAmong measures Reserve and End of a fresh name in a store
@@ -31,7 +33,7 @@ func BenchmarkReserveAmong(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			s := openStore(b, state, Options{Clock: NewFakeClock(testStart)})
+			s := openStore(b, state, Options{Clock: clocktest.NewFakeClock(testStart)})
 			if hist, err := s.History(context.Background(), ""); err != nil || len(hist) != n {
 				b.Fatalf("History = %d records, %v; want %d", len(hist), err, n)
 			}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // fullLease has every field of the table set.
@@ -217,7 +219,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the duration the directory was last served with.
 func TestReadOnlyStoreAdoptsServedLeaseDuration(t *testing.T) {
 	t.Parallel()
-	clock := NewFakeClock(testStart)
+	clock := clocktest.NewFakeClock(testStart)
 	state := t.TempDir()
 	s := openStore(t, state, Options{Clock: clock, LeaseDuration: 30 * time.Minute})
 	g := reserve(t, s, "x")

@@ -274,3 +274,42 @@ func TestBootIDFormat(t *testing.T) {
 		t.Error("BootID not stable")
 	}
 }
+
+// The pid and boot-id rules, and the ending of handle leases at open,
+// apply only to leases recorded by this host: on a store shared with other
+// machines, another host's pids and boots say nothing here.
+func TestLivenessRulesAreHostLocal(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{Host: "here"})
+	ctx := context.Background()
+	child := startSleeper(t)
+	pid := strconv.Itoa(child.Process.Pid)
+	mine, err := s.Reserve(ctx, Draft{Resource: "mine", Annotations: Annotations{"pid": pid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := s.Reserve(ctx, Draft{Resource: "theirs", Annotations: Annotations{"pid": pid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle, err := s.Reserve(ctx, Draft{Resource: "their-handle", Mode: ModeHandle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	child.Process.Kill()
+	child.Wait()
+	for _, id := range []string{theirs.Lease.ID, handle.Lease.ID} {
+		rewriteRecord(t, state, id, func(r *rec) { r.Host, r.BootID = "there", "their-boot" })
+	}
+	s2 := openStore(t, state, Options{Clock: clock, Host: "here"})
+	_, err = s2.Live(ctx, "mine")
+	wantErr(t, "Live of this host's lease whose pid died", err, ErrNotFound)
+	if l, err := s2.Live(ctx, "theirs"); err != nil || l.ID != theirs.Lease.ID {
+		t.Errorf("another host's lease with a pid not running here = %+v, %v; want live", l, err)
+	}
+	if l, err := s2.Live(ctx, "their-handle"); err != nil || l.Mode != ModeHandle {
+		t.Errorf("another host's handle lease after a restart here = %+v, %v; want live", l, err)
+	}
+	_ = mine
+}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 func TestNamespaces(t *testing.T) {
@@ -128,7 +130,7 @@ func TestCorruptNamespacesFileIgnored(t *testing.T) {
 			"[[namespace]]\npath = \"../evil\"\nuid = 1\ngid = 1\ncreated_at = \"2026-11-30T02:00:00Z\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := openStore(t, state, Options{Clock: NewFakeClock(testStart)})
+	s := openStore(t, state, Options{Clock: clocktest.NewFakeClock(testStart)})
 	ctx := context.Background()
 	if _, err := s.Namespace(ctx, "ok"); err != nil {
 		t.Errorf("valid namespace: %v", err)
@@ -144,6 +146,6 @@ func TestCorruptNamespacesFileIgnored(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(state2, namespacesName), []byte("{{{ garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s2 := openStore(t, state2, Options{Clock: NewFakeClock(testStart)})
+	s2 := openStore(t, state2, Options{Clock: clocktest.NewFakeClock(testStart)})
 	reserve(t, s2, "x")
 }

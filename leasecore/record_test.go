@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // testToken is the token of the records that tests write by hand.
@@ -106,7 +108,7 @@ func TestReferenceRecordLoads(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			state := t.TempDir()
-			clock := NewFakeClock(testStart)
+			clock := clocktest.NewFakeClock(testStart)
 			ctx := context.Background()
 			existing := testRecord("other", 7)
 			writeRecordFile(t, state, existing)
@@ -147,7 +149,7 @@ func TestReferenceRecordWithOldHeartbeatIsDead(t *testing.T) {
 	id := NewLeaseID()
 	writeRaw(t, state, id+".toml", referenceRecord(id, "feature-a",
 		`"2026-11-30T01:54:00.123456789Z"`, `"2026-11-30T01:50:00Z"`)) // 6 minutes old
-	clock := NewFakeClock(testStart)
+	clock := clocktest.NewFakeClock(testStart)
 	s := openStore(t, state, Options{Clock: clock})
 	_, err := s.Live(context.Background(), "feature-a")
 	wantErr(t, "Live of an expired reference record", err, ErrNotFound)
@@ -284,7 +286,7 @@ func TestCorruptRecordsAreSkipped(t *testing.T) {
 			writeRecordFile(t, state, good)
 			badID := NewLeaseID()
 			writeRaw(t, state, badID+".toml", tc.content(badID))
-			s := openStore(t, state, Options{Clock: NewFakeClock(testStart)})
+			s := openStore(t, state, Options{Clock: clocktest.NewFakeClock(testStart)})
 			ctx := context.Background()
 			list, err := s.List(ctx)
 			if err != nil || len(list) != 1 || list[0].ID != good.ID {
@@ -315,7 +317,7 @@ func TestFIFORecordDoesNotHangOpen(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		s, err := OpenFileStore(state, Options{Clock: NewFakeClock(testStart), Logger: quietLogger, Host: "h"})
+		s, err := OpenFileStore(state, Options{Clock: clocktest.NewFakeClock(testStart), Logger: quietLogger, Host: "h"})
 		done <- result{s, err}
 	}()
 	var r result
@@ -349,7 +351,7 @@ func TestLeftoverTempFilesRemovedAtOpen(t *testing.T) {
 	writeRaw(t, state, storeLockName, "")
 	leftover := writeRaw(t, state, "."+good.ID+".toml123456789", "half a rec")
 	other := writeRaw(t, state, ".lease-"+strings.Repeat("b", 39)+".toml42", "")
-	clock := NewFakeClock(testStart)
+	clock := clocktest.NewFakeClock(testStart)
 
 	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
 	ro.Close()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // recordFiles counts the lease records in state.
@@ -111,7 +113,7 @@ func TestRestartKeepsTokenLeaseWithoutExtending(t *testing.T) {
 	clock.Advance(2 * time.Minute)
 	s.Close()
 
-	clock2 := NewFakeClock(clock.Now()) // same wall time, new monotonic origin
+	clock2 := clocktest.NewFakeClock(clock.Now()) // same wall time, new monotonic origin
 	s2 := openStore(t, state, Options{Clock: clock2})
 	l, err := s2.Live(ctx, "feature-a")
 	if err != nil {
@@ -293,7 +295,7 @@ func TestReadOnlyStore(t *testing.T) {
 func TestDuplicateActiveRecordsNewerWins(t *testing.T) {
 	t.Parallel()
 	state := t.TempDir()
-	clock := NewFakeClock(testStart)
+	clock := clocktest.NewFakeClock(testStart)
 	older := testRecord("dup", 3)
 	newer := testRecord("dup", 5)
 	writeRecordFile(t, state, older)

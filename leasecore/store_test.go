@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // testStart is the wall time at which the fake clocks of these tests start.
@@ -42,9 +44,9 @@ func openStore(t testing.TB, state string, opts Options) *FileStore {
 
 // newStore opens a fresh store in its own temporary state directory with a
 // fake clock at testStart.
-func newTestStore(t *testing.T, opts Options) (*FileStore, *FakeClock, string) {
+func newTestStore(t *testing.T, opts Options) (*FileStore, *clocktest.FakeClock, string) {
 	t.Helper()
-	clock := NewFakeClock(testStart)
+	clock := clocktest.NewFakeClock(testStart)
 	opts.Clock = clock
 	state := t.TempDir()
 	return openStore(t, state, opts), clock, state

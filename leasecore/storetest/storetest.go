@@ -10,7 +10,7 @@
 //		})
 //	}
 //
-// Time is a [leasecore.FakeClock] advanced by the tests; the only real
+// Time is a [clocktest.FakeClock] advanced by the tests; the only real
 // waits are bounded guards against a hang (a store's reaper runs on its own
 // goroutine), never timing assertions.
 package storetest
@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/leasecore"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // Factory opens a fresh, empty store with opts (Clock, Host, LeaseDuration,
@@ -43,12 +45,12 @@ const leaseDuration = time.Minute
 type env struct {
 	t     *testing.T
 	s     leasecore.Store
-	clock *leasecore.FakeClock
+	clock *clocktest.FakeClock
 }
 
 func newEnv(t *testing.T, open Factory, maxPerUID int) *env {
 	t.Helper()
-	clock := leasecore.NewFakeClock(start)
+	clock := clocktest.NewFakeClock(start)
 	s := open(t, leasecore.Options{
 		Clock: clock, Host: "contract-host", LeaseDuration: leaseDuration,
 		ReapInterval: 5 * time.Millisecond, MaxLeasesPerUID: maxPerUID,
