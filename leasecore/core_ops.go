@@ -61,20 +61,19 @@ func applyAnnotations(l *Lease, ann Annotations) error {
 // [Store.Reserve]. A dead lease on the name is ended as abandoned first
 // (docs/PROTOCOL.md §5). The record is durable before Reserve returns.
 func (s *store) Reserve(ctx context.Context, d Draft) (Grant, error) {
-	d, err := checkDraft(d)
-	if err != nil {
-		return Grant{}, err
-	}
-	if err := s.begin(true); err != nil {
-		return Grant{}, err
-	}
-	defer s.mu.Unlock()
-	return s.reserveLocked(d)
+	return s.acquire(ctx, d, false)
 }
 
 // Acquire reserves a lease like Reserve, waiting first come first served
 // while another holds the name; see [Store.Acquire].
 func (s *store) Acquire(ctx context.Context, d Draft) (Grant, error) {
+	return s.acquire(ctx, d, true)
+}
+
+// acquire is Reserve, and with wait Acquire: a caller that finds the name
+// held joins its queue and tries again each time it is signalled while at
+// the head.
+func (s *store) acquire(ctx context.Context, d Draft, wait bool) (Grant, error) {
 	d, err := checkDraft(d)
 	if err != nil {
 		return Grant{}, err
@@ -83,6 +82,9 @@ func (s *store) Acquire(ctx context.Context, d Draft) (Grant, error) {
 		return Grant{}, err
 	}
 	defer s.mu.Unlock()
+	if !wait {
+		return s.reserveLocked(d)
+	}
 	var w *waiter
 	defer func() {
 		if w != nil {
