@@ -10,8 +10,17 @@
 // returns its bearer token exactly once; the token renews the lease
 // ([Store.Renew]) and releases it ([Store.Release]). A token lease dies when its
 // heartbeat is older than the lease duration, when a recorded holder process is
-// gone, or when the machine has rebooted since it was granted (docs/PROTOCOL.md §5). Dead
-// leases are ended as [StatusAbandoned] on access and by [Store.Reap].
+// gone, or when the machine has rebooted since it was granted (docs/PROTOCOL.md §5). Reads
+// are pure: a dead lease is shown ended at once, and the store's own reaper
+// ends it as [StatusAbandoned] and publishes the end on the change feed
+// ([Store.Watch]), through which the mount learns of every end it did not
+// cause. Blocked [Store.Acquire] calls wait first come first served in the
+// store and are woken by the end itself.
+//
+// # Stores
+//
+// [FileStore] and [MemStore] share one lease engine; the file store adds the
+// records on disk. Package storetest is the contract every [Store] passes.
 //
 // # Records
 //

@@ -1,6 +1,7 @@
 // Package mount runs the lifecycle of one leasefs mount (docs/PROTOCOL.md
 // §2): the single-daemon lock on the state directory, stale-mount cleanup,
-// the FUSE server (direct mount as root, fusermount3 otherwise), the reaper,
+// the FUSE server (direct mount as root, fusermount3 otherwise), the store
+// opened through [Options.OpenStore], the kernel-view follower [fusefs.FS.Run],
 // and a clean unmount when the context ends.
 package mount
 
