@@ -73,6 +73,17 @@ type Options struct {
 	// TakeoverTimeout bounds the wait for the running daemon to let go;
 	// default [DefaultTakeoverTimeout].
 	TakeoverTimeout time.Duration
+	// OnReady, when set, is called once the mount answers requests, right
+	// after the "mounted" log line; "leasefs mount" sends systemd READY=1
+	// from it (docs/PROTOCOL.md §8b). OnReady and OnStopping run on Run's
+	// goroutine and should return quickly; like all of the daemon, they
+	// must not touch the mount.
+	OnReady func()
+	// OnStopping, when set, is called once when shutdown begins (the
+	// context ended, another daemon asked to take over, or the mount was
+	// unmounted from outside), before Run unmounts; "leasefs mount" sends
+	// systemd STOPPING=1 from it.
+	OnStopping func()
 }
 
 // dyingWait bounds the wait for a killed daemon to exit once its FUSE
@@ -176,7 +187,8 @@ func checkMountpoint(mp string) error {
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
 // mount fails; the error of [Options.OpenStore], wrapped. Run logs
-// "mounted" once the mount is serving.
+// "mounted" and calls [Options.OnReady] once the mount is serving, and calls
+// [Options.OnStopping] when shutdown begins.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -285,6 +297,14 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
+	if opts.OnReady != nil {
+		opts.OnReady()
+	}
+	stopping := func() {
+		if opts.OnStopping != nil {
+			opts.OnStopping()
+		}
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -298,14 +318,17 @@ func Run(ctx context.Context, opts Options) error {
 	select {
 	case <-ctx.Done():
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
+		stopping()
 		warnHandleLeases(store, log)
 		unmount(server, mp, root, log)
 	case req := <-takeover:
 		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
+		stopping()
 		lfs.Drain(runCtx)
 		unmount(server, mp, root, log)
 	case <-served:
 		log.Info("unmounted from outside", "mountpoint", mp)
+		stopping()
 	}
 	stop()
 	<-reaped
