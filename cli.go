@@ -195,6 +195,8 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 				level = slog.LevelDebug
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			opts.OnReady = func() { notifyServiceManager(opts.Logger, notifyReady) }
+			opts.OnStopping = func() { notifyServiceManager(opts.Logger, notifyStopping) }
 			return mount.Run(cmd.Context(), opts)
 		},
 	}
