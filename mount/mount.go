@@ -179,6 +179,37 @@ func checkMountpoint(mp string) error {
 	return nil
 }
 
+// CheckPaths makes the checks [Run] makes before it creates anything, for
+// a caller that creates files in the state directory before it runs the
+// daemon: the mountpoint must be a directory and the state directory must
+// neither nest with it nor lie in a leasefs mount. Errors: a
+// *[MountpointError]; [ErrInsideState].
+func CheckPaths(mountpoint, stateDir string) error {
+	_, _, err := checkPaths(mountpoint, stateDir)
+	return err
+}
+
+// checkPaths is [CheckPaths]; it returns the absolute mountpoint and state
+// directory.
+func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
+	if mp, err = filepath.Abs(mountpoint); err != nil {
+		return "", "", err
+	}
+	if state, err = filepath.Abs(stateDir); err != nil {
+		return "", "", err
+	}
+	if nested(state, mp) {
+		return "", "", fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
+	}
+	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
+		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
+	}
+	if err := checkMountpoint(mp); err != nil {
+		return "", "", err
+	}
+	return mp, state, nil
+}
+
 // Run mounts leasefs on opts.Mountpoint and serves it until ctx is done or
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
 // and returns. Errors: a *[MountpointError] when the mountpoint is missing
@@ -200,21 +231,8 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.LeaseDuration <= 0 {
 		opts.LeaseDuration = leasecore.DefaultLeaseDuration
 	}
-	mp, err := filepath.Abs(opts.Mountpoint)
+	mp, state, err := checkPaths(opts.Mountpoint, opts.StateDir)
 	if err != nil {
-		return err
-	}
-	state, err := filepath.Abs(opts.StateDir)
-	if err != nil {
-		return err
-	}
-	if nested(state, mp) {
-		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
-	}
-	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
-		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
-	}
-	if err := checkMountpoint(mp); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
