@@ -288,7 +288,9 @@ func Run(ctx context.Context, opts Options) error {
 	lfs := fusefs.New(store, fusefs.Options{Logger: log})
 	root := os.Geteuid() == 0
 	mo := fuse.MountOptions{
-		FsName:      "leasefs",
+		// The source is the state directory: findmnt names the store
+		// served, and mount -a sees an fstab line of it as mounted.
+		FsName:      state,
 		Name:        "leasefs",
 		Options:     []string{"default_permissions"},
 		AllowOther:  opts.AllowOther,
