@@ -47,8 +47,14 @@ func (e *userError) Error() string { return e.msg }
 func (e *userError) Unwrap() error { return e.err }
 
 // run executes the leasefs command line args and returns the exit code.
+// Besides its commands, leasefs answers the mount helper form that
+// mount.fuse3 runs, "leasefs STATE MOUNTPOINT -o OPTIONS" (see
+// [isMountHelper]).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
+	if isMountHelper(root, args) {
+		return runMountHelper(ctx, args, stderr)
+	}
 	root.SetArgs(args)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
@@ -212,6 +218,8 @@ hand over. Root mounts directly; other users through fusermount3.`,
 				return err
 			}
 			opts.Logger = logger
+			opts.OnReady = func() { notifyServiceManager(opts.Logger, notifyReady) }
+			opts.OnStopping = func() { notifyServiceManager(opts.Logger, notifyStopping) }
 			return mount.Run(cmd.Context(), opts)
 		},
 	}

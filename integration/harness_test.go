@@ -178,6 +178,7 @@ type daemonOpts struct {
 	maxLeasesPerUID int           // 0: the daemon's default
 	takeover        bool          // pass --takeover: ask a daemon serving the state to hand over
 	takeoverTimeout time.Duration // 0: the daemon's default --takeover-timeout
+	env             []string      // KEY=VALUE entries added to the daemon's environment
 }
 
 // daemon is one running `leasefs mount` process started by [startDaemon].
@@ -233,6 +234,7 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	d := &daemon{t: t, mountpoint: mp, state: state, errBuf: newLogBuffer(mountedRE), exited: make(chan struct{})}
 	d.cmd = exec.Command(leasefsBin, args...)
 	d.cmd.Dir = "/"
+	d.cmd.Env = append(os.Environ(), opts.env...)
 	d.cmd.Stdout = newLogBuffer(nil)
 	d.cmd.Stderr = d.errBuf
 	d.cmd.WaitDelay = 2 * time.Second

@@ -74,6 +74,17 @@ type Options struct {
 	// TakeoverTimeout bounds the wait for the running daemon to let go;
 	// default [DefaultTakeoverTimeout].
 	TakeoverTimeout time.Duration
+	// OnReady, when set, is called once the mount answers requests, right
+	// after the "mounted" log line; "leasefs mount" sends systemd READY=1
+	// from it (docs/PROTOCOL.md §8b). OnReady and OnStopping run on Run's
+	// goroutine and should return quickly; like all of the daemon, they
+	// must not touch the mount.
+	OnReady func()
+	// OnStopping, when set, is called once when shutdown begins (the
+	// context ended, another daemon asked to take over, or the mount was
+	// unmounted from outside), before Run unmounts; "leasefs mount" sends
+	// systemd STOPPING=1 from it.
+	OnStopping func()
 }
 
 // dyingWait bounds the wait for a killed daemon to exit once its FUSE
@@ -169,6 +180,37 @@ func checkMountpoint(mp string) error {
 	return nil
 }
 
+// CheckPaths makes the checks [Run] makes before it creates anything, for
+// a caller that creates files in the state directory before it runs the
+// daemon: the mountpoint must be a directory and the state directory must
+// neither nest with it nor lie in a leasefs mount. Errors: a
+// *[MountpointError]; [ErrInsideState].
+func CheckPaths(mountpoint, stateDir string) error {
+	_, _, err := checkPaths(mountpoint, stateDir)
+	return err
+}
+
+// checkPaths is [CheckPaths]; it returns the absolute mountpoint and state
+// directory.
+func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
+	if mp, err = filepath.Abs(mountpoint); err != nil {
+		return "", "", err
+	}
+	if state, err = filepath.Abs(stateDir); err != nil {
+		return "", "", err
+	}
+	if nested(state, mp) {
+		return "", "", fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
+	}
+	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
+		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
+	}
+	if err := checkMountpoint(mp); err != nil {
+		return "", "", err
+	}
+	return mp, state, nil
+}
+
 // Run mounts leasefs on opts.Mountpoint and serves it until ctx is done or
 // the filesystem is unmounted from outside, then unmounts (lazily if busy)
 // and returns. Errors: a *[MountpointError] when the mountpoint is missing
@@ -177,7 +219,8 @@ func checkMountpoint(mp string) error {
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
 // mount fails; the error of [Options.OpenStore], wrapped. Run logs
-// "mounted" once the mount is serving.
+// "mounted" and calls [Options.OnReady] once the mount is serving, and calls
+// [Options.OnStopping] when shutdown begins.
 func Run(ctx context.Context, opts Options) error {
 	log := opts.Logger
 	if log == nil {
@@ -189,21 +232,8 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.LeaseDuration <= 0 {
 		opts.LeaseDuration = leasecore.DefaultLeaseDuration
 	}
-	mp, err := filepath.Abs(opts.Mountpoint)
+	mp, state, err := checkPaths(opts.Mountpoint, opts.StateDir)
 	if err != nil {
-		return err
-	}
-	state, err := filepath.Abs(opts.StateDir)
-	if err != nil {
-		return err
-	}
-	if nested(state, mp) {
-		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
-	}
-	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
-		return fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
-	}
-	if err := checkMountpoint(mp); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
@@ -259,7 +289,9 @@ func Run(ctx context.Context, opts Options) error {
 	lfs := fusefs.New(store, fusefs.Options{Logger: log})
 	root := os.Geteuid() == 0
 	mo := fuse.MountOptions{
-		FsName:      "leasefs",
+		// The source is the state directory: findmnt names the store
+		// served, and mount -a sees an fstab line of it as mounted.
+		FsName:      state,
 		Name:        "leasefs",
 		Options:     []string{"default_permissions"},
 		AllowOther:  opts.AllowOther,
@@ -286,6 +318,14 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
+	if opts.OnReady != nil {
+		opts.OnReady()
+	}
+	stopping := func() {
+		if opts.OnStopping != nil {
+			opts.OnStopping()
+		}
+	}
 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -299,14 +339,17 @@ func Run(ctx context.Context, opts Options) error {
 	select {
 	case <-ctx.Done():
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
+		stopping()
 		warnHandleLeases(store, log)
 		unmount(server, mp, root, log)
 	case req := <-takeover:
 		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
+		stopping()
 		lfs.Drain(runCtx)
 		unmount(server, mp, root, log)
 	case <-served:
 		log.Info("unmounted from outside", "mountpoint", mp)
+		stopping()
 	}
 	stop()
 	<-reaped

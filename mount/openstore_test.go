@@ -36,8 +36,8 @@ func stateFiles(t *testing.T, state string) []string {
 
 // TestRunOpenStoreError gives Run an opener that fails: Run returns its error
 // without mounting, having called it once under the daemon lock with Run's
-// context and logger, and leaves in the state directory only the lock file,
-// which is never removed.
+// context and logger and neither OnReady nor OnStopping, and leaves in the
+// state directory only the lock file, which is never removed.
 func TestRunOpenStoreError(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	mp := t.TempDir()
@@ -52,6 +52,8 @@ func TestRunOpenStoreError(t *testing.T) {
 		Mountpoint: mp,
 		StateDir:   state,
 		Logger:     log,
+		OnReady:    func() { t.Error("OnReady called, but Run did not mount") },
+		OnStopping: func() { t.Error("OnStopping called, but Run did not mount") },
 		OpenStore: func(octx context.Context, olog *slog.Logger) (leasecore.Store, error) {
 			calls++
 			if octx.Value(ctxKey{}) != "run" {
