@@ -43,6 +43,13 @@ type Options struct {
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended by a liveness rule; default slog.Default().
 	Logger *slog.Logger
+	// OnCommit, when set, is called after every durable change the store
+	// makes (a record written or removed, the generation mark or the
+	// namespaces saved) with how long the change took to become durable,
+	// measured on the real clock whatever Clock is. Failed changes are not
+	// reported. It is called with the store's lock held: it must return
+	// quickly and must not call the store.
+	OnCommit func(d time.Duration)
 }
 
 // withDefaults returns o with every zero field set to its default.
@@ -132,6 +139,9 @@ type store struct {
 }
 
 func newStore(opts Options, disk persister) *store {
+	if opts.OnCommit != nil {
+		disk = timedPersister{persister: disk, onCommit: opts.OnCommit}
+	}
 	return &store{
 		opts:       opts,
 		disk:       disk,

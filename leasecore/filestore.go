@@ -299,7 +299,7 @@ func (s *FileStore) load() error {
 			// has a fencing number and an inode of its own.
 			l := e.lease
 			l.Generation = s.hw + 1
-			if err := s.writeRecord(&l, e.hash); err != nil {
+			if err := s.disk.writeRecord(&l, e.hash); err != nil {
 				return err
 			}
 			s.hw = l.Generation
