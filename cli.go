@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -208,6 +209,11 @@ hand over. Root mounts directly; other users through fusermount3.`,
 			case opts.TakeoverTimeout <= 0:
 				return usageError{fmt.Errorf("--takeover-timeout %s: must be positive", opts.TakeoverTimeout)}
 			}
+			if opts.MetricsAddr != "" {
+				if _, _, err := net.SplitHostPort(opts.MetricsAddr); err != nil {
+					return usageError{fmt.Errorf("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9623", opts.MetricsAddr)}
+				}
+			}
 			opts.Mountpoint = a[0]
 			level := slog.LevelInfo
 			if debug {
@@ -231,6 +237,7 @@ hand over. Root mounts directly; other users through fusermount3.`,
 	f.IntVar(&opts.HistoryKeep, "history-keep", leasecore.DefaultHistoryKeep, "ended lease records to keep")
 	f.BoolVar(&opts.Takeover, "takeover", false, "ask a daemon already serving --state to hand over, then mount")
 	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
+	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; port 0 picks a free one)")
 	f.BoolVar(&debug, "debug", false, "log debug messages")
 	f.StringVar(&logFormat, "log-format", "text", "log as text or json (log/slog handlers)")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")

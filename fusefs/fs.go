@@ -21,6 +21,18 @@ type Options struct {
 	Logger *slog.Logger
 	// RootUID and RootGID own the root directory; default the daemon's.
 	RootUID, RootGID uint32
+	// OnRefuse, when set, is called once per refused operation, after its
+	// log line, with the operation as the log names it ("create", "flock",
+	// "write", …) and the errno the caller gets. It runs on the request's
+	// goroutine, concurrently with other requests, and must return
+	// quickly.
+	OnRefuse func(op string, errno syscall.Errno)
+	// OnHandoff, when set, is called when a blocking lock (flock,
+	// F_SETLKW) that had to acquire the name is granted, with how long
+	// the wait in the store's queue took (about zero when the name was
+	// free). It runs on the request's goroutine, concurrently with other
+	// requests, and must return quickly.
+	OnHandoff func(wait time.Duration)
 }
 
 // FS is the lease filesystem over one store. Create it with [New], serve
@@ -66,7 +78,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		opts.RootUID, opts.RootGID = uint32(os.Getuid()), uint32(os.Getgid())
 	}
 	f := &FS{
-		refusalLog: refusalLog{opts.Logger},
+		refusalLog: refusalLog{log: opts.Logger, onRefuse: opts.OnRefuse},
 		store:      store,
 		log:        opts.Logger,
 		opts:       opts,

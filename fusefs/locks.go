@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -216,7 +217,11 @@ func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) s
 	if req.block {
 		wait, cancel := context.WithCancel(ctx)
 		stop := context.AfterFunc(f.drained, cancel)
+		start := time.Now()
 		g, err = f.store.Acquire(wait, d)
+		if err == nil && f.opts.OnHandoff != nil {
+			f.opts.OnHandoff(time.Since(start))
+		}
 		stop()
 		cancel()
 	} else {

@@ -13,11 +13,16 @@ import (
 const maxLogReason = 256
 
 // refusalLog writes the one log line of every refused operation, naming
-// the operation, resource, caller and reason (docs/PROTOCOL.md §3). Safe for
+// the operation, resource, caller and reason (docs/PROTOCOL.md §3), and
+// reports it to onRefuse when set ([Options.OnRefuse]). Safe for
 // concurrent use.
-type refusalLog struct{ log *slog.Logger }
+type refusalLog struct {
+	log      *slog.Logger
+	onRefuse func(op string, errno syscall.Errno)
+}
 
-// refuse logs the refusal of op on resource by c and returns errno.
+// refuse logs the refusal of op on resource by c, reports it and returns
+// errno.
 func (r refusalLog) refuse(op, resource string, c caller, errno syscall.Errno, reason any) syscall.Errno {
 	why := fmt.Sprint(reason)
 	if len(why) > maxLogReason {
@@ -25,6 +30,9 @@ func (r refusalLog) refuse(op, resource string, c caller, errno syscall.Errno, r
 	}
 	r.log.Warn("refused", "op", op, "resource", resource, "pid", c.pid, "uid", c.uid,
 		"errno", errnoName(errno), "reason", why)
+	if r.onRefuse != nil {
+		r.onRefuse(op, errno)
+	}
 	return errno
 }
 

@@ -179,6 +179,7 @@ type daemonOpts struct {
 	takeover        bool          // pass --takeover: ask a daemon serving the state to hand over
 	takeoverTimeout time.Duration // 0: the daemon's default --takeover-timeout
 	env             []string      // KEY=VALUE entries added to the daemon's environment
+	metricsAddr     string        // non-empty: pass --metrics-addr (see [daemon.metricsURL])
 }
 
 // daemon is one running `leasefs mount` process started by [startDaemon].
@@ -228,6 +229,9 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	}
 	if opts.takeoverTimeout > 0 {
 		args = append(args, "--takeover-timeout", opts.takeoverTimeout.String())
+	}
+	if opts.metricsAddr != "" {
+		args = append(args, "--metrics-addr", opts.metricsAddr)
 	}
 	args = append(args, mp)
 

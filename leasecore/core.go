@@ -43,6 +43,13 @@ type Options struct {
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended by a liveness rule; default slog.Default().
 	Logger *slog.Logger
+	// OnCommit, when set, is called after every durable change the store
+	// makes (a record written or removed, the generation mark or the
+	// namespaces saved) with how long the change took to become durable,
+	// measured on the real clock whatever Clock is. Failed changes are not
+	// reported. It is called with the store's lock held: it must return
+	// quickly and must not call the store.
+	OnCommit func(d time.Duration)
 }
 
 // withDefaults returns o with every zero field set to its default.
@@ -132,6 +139,9 @@ type store struct {
 }
 
 func newStore(opts Options, disk persister) *store {
+	if opts.OnCommit != nil {
+		disk = timedPersister{persister: disk, onCommit: opts.OnCommit}
+	}
 	return &store{
 		opts:       opts,
 		disk:       disk,
@@ -223,8 +233,9 @@ func (s *store) deadReason(e *entry) string {
 }
 
 // endLocked ends e with status, durably, recording it as l (e's lease,
-// possibly with annotations applied), publishes the end and wakes the
-// resource's first waiter. The caller holds mu.
+// possibly with annotations applied), publishes the end as change
+// (ChangeReleased or ChangeExpired) and wakes the resource's first waiter.
+// The caller holds mu.
 //
 // When deferrable and the record cannot be written (disk full, read-only),
 // the end still takes effect in memory and the record is written later by
@@ -233,7 +244,7 @@ func (s *store) deadReason(e *entry) string {
 // of docs/PROTOCOL.md §5 and handle leases, which no daemon keeps across a
 // restart (§2). A lease released by its holder is not deferrable: the
 // release fails and nothing changes.
-func (s *store) endLocked(e *entry, l Lease, status Status, reason string, deferrable bool) error {
+func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reason string, deferrable bool) error {
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	s.fillExpiry(&l)
@@ -251,7 +262,7 @@ func (s *store) endLocked(e *entry, l Lease, status Status, reason string, defer
 		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
 			"generation", l.Generation, "status", status, "reason", reason)
 	}
-	s.feed.publish(Event{Kind: EventEnded, Lease: s.snapshot(e)})
+	s.feed.publish(Event{Kind: EventEnded, Change: change, Lease: s.snapshot(e)})
 	s.queues.wakeHead(l.Resource)
 	return nil
 }
@@ -278,7 +289,7 @@ func (s *store) checkLive(e *entry) (bool, error) {
 	if e.lease.Status != StatusActive || s.opts.ReadOnly {
 		return false, nil
 	}
-	return false, s.endLocked(e, e.lease, StatusAbandoned, reason, true)
+	return false, s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, reason, true)
 }
 
 // alive reports whether e is live, for a method that only reads: a dead

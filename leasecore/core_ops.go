@@ -204,7 +204,7 @@ func (s *store) reserveLocked(d Draft) (Grant, error) {
 	s.leases[l.ID] = e
 	s.addLive(e)
 	snap := s.snapshot(e)
-	s.feed.publish(Event{Kind: EventReserved, Lease: snap})
+	s.feed.publish(Event{Kind: EventReserved, Change: ChangeReserved, Lease: snap})
 	return Grant{Lease: snap, Token: token}, nil
 }
 
@@ -229,9 +229,10 @@ func (s *store) lookupActive(id string) (*entry, error) {
 }
 
 // mutateActive runs change on live lease id under the store's mutex, after
-// checking token when one is given, and returns the resulting lease. change
-// must persist before it alters the entry. The caller does not hold mu.
-func (s *store) mutateActive(id string, token *string, change func(*entry) error) (Lease, error) {
+// checking token when one is given, and returns the resulting lease; a lease
+// still live after it is published as what. change must persist before it
+// alters the entry. The caller does not hold mu.
+func (s *store) mutateActive(id string, token *string, what Change, change func(*entry) error) (Lease, error) {
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
@@ -248,7 +249,7 @@ func (s *store) mutateActive(id string, token *string, change func(*entry) error
 	}
 	snap := s.snapshot(e)
 	if snap.Live() {
-		s.feed.publish(Event{Kind: EventChanged, Lease: snap})
+		s.feed.publish(Event{Kind: EventChanged, Change: what, Lease: snap})
 	}
 	return snap, nil
 }
@@ -256,7 +257,7 @@ func (s *store) mutateActive(id string, token *string, change func(*entry) error
 // Renew authenticates token and moves the heartbeat of lease id to now,
 // applying ann; see [Store.Renew].
 func (s *store) Renew(ctx context.Context, id, token string, ann Annotations) (Lease, error) {
-	return s.mutateActive(id, &token, func(e *entry) error {
+	return s.mutateActive(id, &token, ChangeRenewed, func(e *entry) error {
 		l := e.lease
 		if err := applyAnnotations(&l, ann); err != nil {
 			return err
@@ -283,12 +284,12 @@ func (s *store) Release(ctx context.Context, id, token string, status Status, an
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
-	return s.mutateActive(id, &token, func(e *entry) error {
+	return s.mutateActive(id, &token, ChangeReleased, func(e *entry) error {
 		annotated := e.lease
 		if err := applyAnnotations(&annotated, ann); err != nil {
 			return err
 		}
-		return s.endLocked(e, annotated, status, "released by its holder", false)
+		return s.endLocked(e, annotated, status, ChangeReleased, "released by its holder", false)
 	})
 }
 
@@ -297,14 +298,14 @@ func (s *store) End(ctx context.Context, id string, status Status) (Lease, error
 	if err := checkEndStatus(status); err != nil {
 		return Lease{}, err
 	}
-	return s.mutateActive(id, nil, func(e *entry) error {
-		return s.endLocked(e, e.lease, status, "ended by its holder", e.lease.Mode == ModeHandle)
+	return s.mutateActive(id, nil, ChangeReleased, func(e *entry) error {
+		return s.endLocked(e, e.lease, status, ChangeReleased, "ended by its holder", e.lease.Mode == ModeHandle)
 	})
 }
 
 // Bind turns live lease id into a handle lease; see [Store.Bind].
 func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
-	return s.mutateActive(id, nil, func(e *entry) error {
+	return s.mutateActive(id, nil, ChangeBound, func(e *entry) error {
 		if e.lease.Mode == ModeHandle && (holderPID <= 0 || holderPID == e.lease.HolderPID) {
 			return nil
 		}
@@ -328,7 +329,7 @@ func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequ
 			return Lease{}, err
 		}
 	}
-	return s.mutateActive(id, nil, func(e *entry) error {
+	return s.mutateActive(id, nil, ChangeTakeoverRequested, func(e *entry) error {
 		l := e.lease
 		l.TakeoverRequestedBy = req.By
 		l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()

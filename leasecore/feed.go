@@ -15,8 +15,8 @@ const (
 	// EventChanged: a live lease was renewed, annotated, bound to an open
 	// file or asked to give way (takeover request).
 	EventChanged
-	// EventEnded: a lease ended, by its holder or by a liveness rule; its
-	// name may be free.
+	// EventEnded: a lease ended, by its holder or by a liveness rule
+	// ([Event.Change] says which); its name may be free.
 	EventEnded
 )
 
@@ -33,10 +33,40 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
+// Change says which change of a lease an [Event] reports, more finely than
+// its [EventKind]: which method changed a live lease, and who ended one.
+type Change int
+
+// Changes of the change feed; each belongs to one [EventKind].
+const (
+	// ChangeReserved: [Store.Reserve] or [Store.Acquire] granted the
+	// lease (EventReserved).
+	ChangeReserved Change = iota + 1
+	// ChangeRenewed: [Store.Renew] moved its heartbeat, applying any
+	// annotations (EventChanged).
+	ChangeRenewed
+	// ChangeBound: [Store.Bind] made it a handle lease or recorded its new
+	// holder pid (EventChanged).
+	ChangeBound
+	// ChangeTakeoverRequested: [Store.RequestTakeover] recorded a request
+	// (EventChanged).
+	ChangeTakeoverRequested
+	// ChangeReleased: [Store.Release] or [Store.End] ended it, called by
+	// its holder or on the holder's behalf: an unlink, a lock released,
+	// its open file closed, a handover (EventEnded).
+	ChangeReleased
+	// ChangeExpired: the store ended it itself, because a liveness rule of
+	// docs/PROTOCOL.md §5 killed it or, when the store opened, because its
+	// record could not stand: a handle lease of a previous daemon (§2), or
+	// an active record superseded by a newer one (EventEnded).
+	ChangeExpired
+)
+
 // Event is one change of the store, carrying a copy of the lease after it.
 type Event struct {
-	Kind  EventKind
-	Lease Lease
+	Kind   EventKind
+	Change Change
+	Lease  Lease
 }
 
 // feed fans events out to subscribers, each with an unbounded queue, so

@@ -286,12 +286,12 @@ func (s *FileStore) load() error {
 	for _, e := range active {
 		switch {
 		case s.live[e.lease.Resource] != e:
-			if err := s.endLocked(e, e.lease, StatusAbandoned, "superseded by a newer active record", true); err != nil {
+			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "superseded by a newer active record", true); err != nil {
 				return err
 			}
 		case e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host:
 			// A daemon ends only its own previous handle leases.
-			if err := s.endLocked(e, e.lease, StatusAbandoned, "handle lease of a previous daemon", true); err != nil {
+			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "handle lease of a previous daemon", true); err != nil {
 				return err
 			}
 		case e.lease.Generation == 0:
@@ -299,7 +299,7 @@ func (s *FileStore) load() error {
 			// has a fencing number and an inode of its own.
 			l := e.lease
 			l.Generation = s.hw + 1
-			if err := s.writeRecord(&l, e.hash); err != nil {
+			if err := s.disk.writeRecord(&l, e.hash); err != nil {
 				return err
 			}
 			s.hw = l.Generation

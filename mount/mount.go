@@ -85,6 +85,12 @@ type Options struct {
 	// unmounted from outside), before Run unmounts; "leasefs mount" sends
 	// systemd STOPPING=1 from it.
 	OnStopping func()
+	// MetricsAddr, when set, is the HOST:PORT on which Run serves
+	// Prometheus metrics at [MetricsPath] while mounted (docs/PROTOCOL.md
+	// §8b); port 0 picks a free port, logged in a "serving metrics" line.
+	// The store commit latency is reported by the embedded file store
+	// only, not by a store from OpenStore.
+	MetricsAddr string
 }
 
 // dyingWait bounds the wait for a killed daemon to exit once its FUSE
@@ -218,7 +224,8 @@ func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
 // *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
 // [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
-// mount fails; the error of [Options.OpenStore], wrapped. Run logs
+// mount fails; the error of [Options.OpenStore], wrapped; the listen error
+// of [Options.MetricsAddr], wrapped, before anything is mounted. Run logs
 // "mounted" and calls [Options.OnReady] once the mount is serving, and calls
 // [Options.OnStopping] when shutdown begins.
 func Run(ctx context.Context, opts Options) error {
@@ -268,9 +275,16 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("%w: %s and %s", ErrInsideState, mp, real)
 	}
 
+	var mtr *metricsServer // nil without MetricsAddr
+	if opts.MetricsAddr != "" {
+		if mtr, err = listenMetrics(opts.MetricsAddr, log); err != nil {
+			return err
+		}
+		defer mtr.shutdown()
+	}
 	openStore, where := opts.OpenStore, ""
 	if openStore == nil {
-		openStore, where = fileStoreOpener(state, opts), " in "+state
+		openStore, where = fileStoreOpener(state, opts, mtr.onCommit()), " in "+state
 	}
 	store, err := openStore(ctx, log)
 	if err != nil {
@@ -286,7 +300,9 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	defer closeStore()
 
-	lfs := fusefs.New(store, fusefs.Options{Logger: log})
+	fsOpts := fusefs.Options{Logger: log}
+	mtr.instrument(store, &fsOpts)
+	lfs := fusefs.New(store, fsOpts)
 	root := os.Geteuid() == 0
 	mo := fuse.MountOptions{
 		// The source is the state directory: findmnt names the store
@@ -318,6 +334,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
+	mtr.serve()
 	if opts.OnReady != nil {
 		opts.OnReady()
 	}
@@ -353,6 +370,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	stop()
 	<-reaped
+	mtr.shutdown()
 	// Open files of a lazily detached mount may still reach this daemon:
 	// close the store first so that nothing is written after the lock
 	// passes to another daemon.
@@ -387,14 +405,16 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 }
 
 // fileStoreOpener is the default [Options.OpenStore]: the embedded file
-// store in the state directory state.
-func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger) (leasecore.Store, error) {
+// store in the state directory state, reporting its commits to onCommit
+// when set.
+func fileStoreOpener(state string, opts Options, onCommit func(time.Duration)) func(context.Context, *slog.Logger) (leasecore.Store, error) {
 	return func(_ context.Context, log *slog.Logger) (leasecore.Store, error) {
 		s, err := leasecore.OpenFileStore(state, leasecore.Options{
 			LeaseDuration:   opts.LeaseDuration,
 			HistoryKeep:     opts.HistoryKeep,
 			MaxLeasesPerUID: opts.MaxLeasesPerUID,
 			Logger:          log,
+			OnCommit:        onCommit,
 		})
 		if err != nil {
 			return nil, err // a nil Store, not a Store holding a nil *FileStore

@@ -135,7 +135,7 @@ func testEvents(t *testing.T, open Factory) {
 	for _, g := range []leasecore.Grant{a, b, c} {
 		select {
 		case ev := <-feed:
-			if ev.Kind != leasecore.EventReserved || ev.Lease.ID != g.Lease.ID {
+			if ev.Kind != leasecore.EventReserved || ev.Change != leasecore.ChangeReserved || ev.Lease.ID != g.Lease.ID {
 				t.Fatalf("event %v %s, want reserved %s", ev.Kind, ev.Lease.ID, g.Lease.ID)
 			}
 		case <-time.After(guard):
@@ -143,6 +143,12 @@ func testEvents(t *testing.T, open Factory) {
 		}
 	}
 	if _, err := e.s.Renew(ctx, b.Lease.ID, b.Token, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.RequestTakeover(ctx, b.Lease.ID, leasecore.TakeoverRequest{By: "uid 1001"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.Bind(ctx, a.Lease.ID, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.s.End(ctx, a.Lease.ID, leasecore.StatusComplete); err != nil {
@@ -153,14 +159,22 @@ func testEvents(t *testing.T, open Factory) {
 	}
 	e.clock.Advance(leaseDuration + time.Second) // c expires; the store ends it by itself
 	want := []struct {
-		kind leasecore.EventKind
-		id   string
-	}{{leasecore.EventChanged, b.Lease.ID}, {leasecore.EventEnded, a.Lease.ID}, {leasecore.EventEnded, b.Lease.ID}, {leasecore.EventEnded, c.Lease.ID}}
+		kind   leasecore.EventKind
+		change leasecore.Change
+		id     string
+	}{
+		{leasecore.EventChanged, leasecore.ChangeRenewed, b.Lease.ID},
+		{leasecore.EventChanged, leasecore.ChangeTakeoverRequested, b.Lease.ID},
+		{leasecore.EventChanged, leasecore.ChangeBound, a.Lease.ID},
+		{leasecore.EventEnded, leasecore.ChangeReleased, a.Lease.ID},
+		{leasecore.EventEnded, leasecore.ChangeReleased, b.Lease.ID},
+		{leasecore.EventEnded, leasecore.ChangeExpired, c.Lease.ID},
+	}
 	for _, w := range want {
 		select {
 		case ev := <-feed:
-			if ev.Kind != w.kind || ev.Lease.ID != w.id {
-				t.Fatalf("event %v %s, want %v %s", ev.Kind, ev.Lease.ID, w.kind, w.id)
+			if ev.Kind != w.kind || ev.Change != w.change || ev.Lease.ID != w.id {
+				t.Fatalf("event %v (change %d) %s, want %v (change %d) %s", ev.Kind, ev.Change, ev.Lease.ID, w.kind, w.change, w.id)
 			}
 		case <-time.After(guard):
 			t.Fatalf("no %v event for %s", w.kind, w.id)
