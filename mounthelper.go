@@ -65,6 +65,8 @@ var helperOptions = map[string]helperOption{
 	"history_keep":       {flag: "--history-keep", value: true},
 	"takeover":           {flag: "--takeover"},
 	"takeover_timeout":   {flag: "--takeover-timeout", value: true},
+	"metrics_addr":       {flag: "--metrics-addr", value: true},
+	"log_format":         {flag: "--log-format", value: true},
 	"debug":              {flag: "--debug"},
 }
 
