@@ -11,9 +11,11 @@ import (
 	"net"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -280,6 +282,16 @@ func writeJSON(w io.Writer, leases []leasecore.Lease) error {
 	return enc.Encode(leases)
 }
 
+// tableName renders a resource for a table: as it is, or Go-quoted when it
+// holds control characters or spaces, which a name may contain but a
+// terminal would obey (escape sequences) or a table would split on.
+func tableName(r string) string {
+	if strings.ContainsFunc(r, func(c rune) bool { return unicode.IsControl(c) || unicode.IsSpace(c) }) {
+		return strconv.Quote(r)
+	}
+	return r
+}
+
 // age renders a duration for tables, rounded to seconds.
 func age(d time.Duration) string {
 	if d < 0 {
@@ -323,7 +335,7 @@ key of each lease's status document.`,
 				if !l.ExpiresAt.IsZero() {
 					expires = age(l.ExpiresAt.Sub(now))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", l.Resource, l.Mode, l.HolderUID,
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Mode, l.HolderUID,
 					l.HolderPID, l.Generation, age(now.Sub(l.StartedAt)), expires)
 			}
 			return tw.Flush()
@@ -366,7 +378,7 @@ daemon), newest first, of every resource or of RESOURCE: how each ended
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "RESOURCE\tSTATUS\tMODE\tUID\tGENERATION\tSTARTED\tENDED")
 			for _, l := range leases {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", l.Resource, l.Status, l.Mode, l.HolderUID,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Status, l.Mode, l.HolderUID,
 					l.Generation, l.StartedAt.Format(time.RFC3339), l.CompletedAt.Format(time.RFC3339))
 			}
 			return tw.Flush()

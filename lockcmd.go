@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/mount"
 )
 
 // Exit codes of "leasefs lock" besides the command's own status
@@ -44,6 +47,7 @@ var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, sys
 type lockOptions struct {
 	noWait   bool
 	wait     time.Duration
+	waitSet  bool // -w was given (-w 0: do not wait)
 	conflict int
 	mount    string
 	grace    time.Duration
@@ -62,9 +66,11 @@ environment, and does not inherit the locked descriptor.
 
 Without -n or -w, lock waits first come first served until NAME is free.
 It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
-conflict (-n) or timeout (-w); 4 when the lease was lost while CMD ran (the
-daemon stopped or lost its store): CMD then gets SIGTERM, and SIGKILL after
---grace. Signals sent to lock are passed on to CMD.
+conflict (-n) or timeout (-w; -w 0 does not wait); 4 when the lease was lost
+while CMD ran (the daemon stopped or lost its store): CMD then gets SIGTERM,
+and SIGKILL after --grace. Signals sent to lock are passed on to CMD; one
+that arrives while lock waits ends the wait (128+N). If lock is killed, CMD
+is killed with it.
 
 The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
 daemon serving the default state directory.`,
@@ -80,8 +86,16 @@ daemon serving the default state directory.`,
 			return nil
 		},
 		RunE: func(c *cobra.Command, a []string) error {
-			if o.noWait && o.wait > 0 {
+			o.waitSet = c.Flags().Changed("wait")
+			switch {
+			case o.noWait && o.waitSet:
 				return usageError{errors.New("-n and -w exclude each other")}
+			case o.wait < 0:
+				return usageError{fmt.Errorf("-w %s: must not be negative", o.wait)}
+			case o.conflict < 0 || o.conflict > 255:
+				return usageError{fmt.Errorf("-E %d: an exit code is 0 to 255", o.conflict)}
+			case o.grace < 0:
+				return usageError{fmt.Errorf("--grace %s: must not be negative", o.grace)}
 			}
 			code, err := runLock(c.Context(), o, a[0], a[1:], stderr)
 			if err != nil {
@@ -109,11 +123,26 @@ func (e exitCode) Error() string { return "exit status " + strconv.Itoa(int(e)) 
 
 // runLock takes the lease, runs argv and returns the exit code.
 func runLock(ctx context.Context, o lockOptions, name string, argv []string, stderr io.Writer) (int, error) {
+	if err := checkLockName(name); err != nil {
+		return 0, err
+	}
 	mnt, err := lockMount(o.mount)
 	if err != nil {
 		return 0, err
 	}
+	if err := checkLeasefsMount(mnt); err != nil {
+		return 0, err
+	}
 	path := filepath.Join(mnt, name)
+	// The command is started from this goroutine's thread, which is kept
+	// for the life of the process: the command's parent-death signal
+	// (below) follows the thread that started it.
+	runtime.LockOSThread()
+	// Signals are caught from the start: one that arrives while lock waits
+	// ends the wait (nothing is held), one that arrives later is passed on.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
 	// As flock(1) does: a read-only open that creates, so that a free name
 	// is reserved by this open file and the lock binds it.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
@@ -121,7 +150,10 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		return 0, fmt.Errorf("cannot open %s: %w", path, err)
 	}
 	defer unix.Close(fd)
-	switch err := takeLock(ctx, fd, o); {
+	var sig os.Signal
+	switch err := takeLock(ctx, fd, o, sigs, &sig); {
+	case sig != nil:
+		return 128 + int(sig.(syscall.Signal)), nil
 	case ctx.Err() != nil:
 		return 128 + int(syscall.SIGINT), nil
 	case errors.Is(err, unix.EWOULDBLOCK):
@@ -141,9 +173,9 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(),
 		"LEASEFS_RESOURCE="+st["resource"], "LEASEFS_LEASE_ID="+st["lease_id"], "LEASEFS_GENERATION="+st["generation"])
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, forwarded...)
-	defer signal.Stop(sigs)
+	// If lock itself dies (SIGKILL), its descriptor closes and the lease
+	// ends: the command must not run on without it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return 0, err
 	}
@@ -171,6 +203,35 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 			}
 		}
 	}
+}
+
+// checkLockName refuses a NAME that is not a lease name under the mount:
+// empty, absolute, or with "." or ".." components (docs/PROTOCOL.md §3).
+func checkLockName(name string) error {
+	if name == "" || strings.HasPrefix(name, "/") {
+		return usageError{fmt.Errorf("NAME %q: want a lease name relative to the mount, e.g. ci/deploy", name)}
+	}
+	for part := range strings.SplitSeq(name, "/") {
+		if part == "" || part == "." || part == ".." {
+			return usageError{fmt.Errorf("NAME %q: empty, \".\" and \"..\" components are not lease names", name)}
+		}
+	}
+	return nil
+}
+
+// checkLeasefsMount refuses a directory that is not the root of a leasefs
+// mount, before anything is created in it.
+func checkLeasefsMount(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for _, m := range mount.Mounts() {
+		if m.Point == abs && m.FSType == "fuse.leasefs" {
+			return nil
+		}
+	}
+	return &userError{msg: abs + " is not a leasefs mount (pass the mountpoint of a running leasefs mount with --mount)"}
 }
 
 // lostLease reports whether err, from a read of the locked descriptor, says
@@ -202,15 +263,22 @@ var errTimedOut = errors.New("timed out")
 // signal handlers with SA_RESTART, and the kernel restarts the flock.)
 const flockChild = "__flock"
 
-// takeLock takes flock(LOCK_EX) on fd: at once with o.noWait, else waiting
-// first come first served, at most o.wait when set, until ctx ends (a
-// signal to "leasefs lock": ctx.Err()).
-func takeLock(ctx context.Context, fd int, o lockOptions) error {
-	if o.noWait {
-		return flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
+// takeLock takes flock(LOCK_EX) on fd. It tries without waiting first: a
+// free name was reserved by this open file, and the lock binds it at once,
+// so a wait never begins with a reservation of our own that a timeout
+// would leave behind. With o.noWait (or -w 0) that is all; otherwise it
+// waits first come first served, at most o.wait when set, until ctx ends or
+// a signal arrives on sigs (then *sig is set and the wait is abandoned).
+func takeLock(ctx context.Context, fd int, o lockOptions, sigs <-chan os.Signal, sig *os.Signal) error {
+	err := flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
+	if !errors.Is(err, unix.EWOULDBLOCK) || o.noWait {
+		return err
 	}
 	var timeout <-chan time.Time
-	if o.wait > 0 {
+	if o.waitSet {
+		if o.wait == 0 {
+			return errTimedOut
+		}
 		timeout = time.After(o.wait)
 	}
 	self, err := os.Executable()
@@ -220,11 +288,18 @@ func takeLock(ctx context.Context, fd int, o lockOptions) error {
 	child := exec.Command(self, flockChild)
 	child.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "lease")}
 	child.Stderr = os.Stderr
+	// The waiting helper must not outlive lock (SIGKILL of lock included).
+	child.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := child.Start(); err != nil {
 		return err
 	}
 	done := make(chan error, 1)
 	go func() { done <- child.Wait() }()
+	abandon := func(err error) error {
+		_ = child.Process.Kill()
+		<-done
+		return err
+	}
 	select {
 	case err := <-done:
 		if code := child.ProcessState.ExitCode(); code > 0 && code < 256 && err != nil {
@@ -237,13 +312,12 @@ func takeLock(ctx context.Context, fd int, o lockOptions) error {
 		// the helper that has exited, as its holder.
 		return flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
 	case <-timeout:
-		_ = child.Process.Kill()
-		<-done
-		return errTimedOut
+		return abandon(errTimedOut)
+	case s := <-sigs:
+		*sig = s
+		return abandon(errors.New("interrupted by " + s.String()))
 	case <-ctx.Done():
-		_ = child.Process.Kill()
-		<-done
-		return ctx.Err()
+		return abandon(ctx.Err())
 	}
 }
 

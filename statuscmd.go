@@ -150,5 +150,5 @@ func lockMount(flag string) (string, error) {
 			return h.Mountpoint, nil
 		}
 	}
-	return "", usageError{errors.New("no mount: pass --mount DIR or set LEASEFS_MOUNT (no daemon serves " + mount.DefaultStateDir() + ")")}
+	return "", usageError{errors.New("cannot find the mount: pass --mount DIR or set LEASEFS_MOUNT (no daemon serves " + mount.DefaultStateDir() + ")")}
 }

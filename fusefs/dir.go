@@ -104,10 +104,10 @@ func (d *dirNode) childLease(ctx context.Context, l leasecore.Lease, out *fuse.E
 // Lookup finds a namespace or a live lease named name. Errors: ENOENT,
 // EINVAL and ENAMETOOLONG for invalid names.
 func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
-	if err := leasecore.ValidateName(name); err != nil {
-		return nil, toErrno(err)
-	}
 	resource := joinResource(d.path, name)
+	if err := leasecore.ValidateName(name); err != nil {
+		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
+	}
 	if ns, err := d.fsys.store.Namespace(ctx, resource); err == nil {
 		return d.childDir(ctx, ns, out), 0
 	}

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"syscall"
@@ -154,6 +155,13 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	case actionTakeover:
 		by := fmt.Sprintf("uid %d pid %d", c.uid, c.pid)
 		_, err = h.fsys.store.RequestTakeover(ctx, l.ID, leasecore.TakeoverRequest{By: by, Reason: cmd.reason})
+	}
+	if errors.Is(err, leasecore.ErrTokenMismatch) && h.dropUnclaimed() {
+		// The writer opened a free name with O_CREAT to renew a lease that
+		// had ended: its token is that lease's, and the reservation the
+		// open made is nobody's (docs/PROTOCOL.md §3).
+		return 0, h.fsys.refuse("write", h.resource, c, syscall.ESTALE,
+			"the lease of this token has ended; the reservation this open made is released")
 	}
 	if err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)

@@ -67,33 +67,36 @@ func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock
 }
 
 // dropUnclaimed ends, as abandoned, the token lease that this open file
-// reserved when its token has not been read: the lock the opener asked for
-// was refused, and nobody else could ever renew or release that lease, so
-// it would hold the name for a whole lease duration (`flock -s` on a free
-// name: O_CREAT reserved, LOCK_SH refused).
-func (h *leaseHandle) dropUnclaimed() {
+// reserved when its token has not been read, and reports whether it did:
+// the call the opener made was refused, and nobody else could ever renew or
+// release that lease, so it would hold the name for a whole lease duration
+// (`flock -s` on a free name: O_CREAT reserved, LOCK_SH refused; `echo
+// "$tok" >| name` after that token's lease ended: O_CREAT reserved a new
+// lease, the old token does not match it).
+func (h *leaseHandle) dropUnclaimed() bool {
 	f := h.fsys
 	h.mu.Lock()
 	id, reserved := h.id, h.reserved
 	h.mu.Unlock()
 	if !reserved {
-		return
+		return false
 	}
 	tok, unread := f.tokens.take(id)
 	if !unread {
-		return // the holder has its token: the lease is theirs to end
+		return false // the holder has its token: the lease is theirs to end
 	}
 	ctx := context.Background()
 	if l, err := f.store.Load(ctx, id); err != nil || !l.Live() || l.Mode != leasecore.ModeToken {
-		return // ended, or bound to a lock since: nothing unclaimed
+		return false // ended, or bound to a lock since: nothing unclaimed
 	}
 	l, err := f.store.End(ctx, id, leasecore.StatusAbandoned)
 	if err != nil {
 		f.tokens.put(id, tok)
-		f.log.Error("ending the lease of a refused lock failed", "resource", h.resource, "lease", id, "err", err)
-		return
+		f.log.Error("ending an unclaimed reservation failed", "resource", h.resource, "lease", id, "err", err)
+		return false
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", "its lock was refused")
+	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", "unclaimed reservation of a refused call")
+	return true
 }
 
 // trySetlk is setlk without the cleanup of a refusal.

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -129,5 +130,29 @@ func TestRefusedLockDropsUnclaimedReservation(t *testing.T) {
 	}
 	if _, err := e.store.Live(context.Background(), "y"); err != nil {
 		t.Fatalf("a reservation whose token was read ended with a refused lock: %v", err)
+	}
+}
+
+// A renew through an open that reserved a free name ("echo $tok >| name"
+// after that token's lease ended) answers ESTALE and releases the
+// reservation the open made, which nobody could claim.
+func TestStaleTokenWriteDropsReservation(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	_, h := mustCreate(t, as(uidAlice), e.root, "x")
+	id := h.leaseID()
+	if errno := write(as(uidAlice), h, "hwl_"+strings.Repeat("a", 39)); errno != syscall.ESTALE {
+		t.Fatalf("renew with another lease's token through a fresh reservation = %v, want ESTALE", errno)
+	}
+	if l, err := e.store.Load(context.Background(), id); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Fatalf("the fresh reservation after the refused renew = %+v, %v; want abandoned", l, err)
+	}
+	// A wrong token on a lease whose token was read is only refused.
+	_, h = mustCreate(t, as(uidAlice), e.root, "y")
+	readToken(t, as(uidAlice), h)
+	if errno := write(as(uidAlice), h, "hwl_"+strings.Repeat("a", 39)); errno != syscall.EACCES {
+		t.Fatalf("wrong token on a claimed lease = %v, want EACCES", errno)
+	}
+	if _, err := e.store.Live(context.Background(), "y"); err != nil {
+		t.Fatalf("a claimed lease ended with a wrong token: %v", err)
 	}
 }

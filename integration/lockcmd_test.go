@@ -153,3 +153,84 @@ func TestStatusCommand(t *testing.T) {
 		t.Errorf("status without a daemon: %s", r)
 	}
 }
+
+// A short -w on a free name takes the lease (the open's own reservation is
+// locked at once); it never leaves a reservation behind. -w 0 does not wait.
+func TestLockShortWaitLeavesNothing(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	if r := lockCmd(t, nil, "-w", "1ms", "--mount", d.mountpoint, "fresh", "--", "true"); r.code != 0 {
+		t.Fatalf("lock -w 1ms on a free name: %s", r)
+	}
+	if _, err := os.Stat(filepath.Join(d.mountpoint, "fresh")); !os.IsNotExist(err) {
+		t.Errorf("after lock -w 1ms the name is still held: %v", err)
+	}
+	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "busy", "--", "bash", "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	if r := lockCmd(t, nil, "-w", "0", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 {
+		t.Errorf("lock -w 0 on a held name: %s", r)
+	}
+	if l := liveLeases(t, d.state, "busy"); len(l) != 1 || l[0]["mode"] != "handle" {
+		t.Errorf("after a refused -w 0 the leases on busy are %v, want only the holder's", l)
+	}
+}
+
+// SIGKILL of lock ends the lease and the command with it: nobody runs in
+// the critical section without the lease.
+func TestLockKilledTakesCommandAlong(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "kil", "--",
+		"bash", "-c", `echo "running $$"; exec sleep 60`)
+	cmdPID := p.expect(`(?m)^running (\d+)$`, holdTimeout)[1]
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	p.wait(10 * time.Second)
+	eventually(t, 10*time.Second, "the command of the killed lock to die", func() (bool, string) {
+		st, err := os.ReadFile("/proc/" + cmdPID + "/stat")
+		return err != nil || strings.Contains(string(st), ") Z "), string(st)
+	})
+	if r := lockCmd(t, nil, "-w", "10s", "--mount", d.mountpoint, "kil", "--", "true"); r.code != 0 {
+		t.Fatalf("lock after the holder's lock was killed: %s", r)
+	}
+}
+
+// A signal to a waiting lock ends the wait (128 + N) and leaves nothing
+// queued; NAME must stay inside a leasefs mount; bad flag values are usage
+// errors.
+func TestLockRefusesAndInterrupts(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := filepath.Join(d.mountpoint, "n")
+	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "n", "--", "bash", "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGQUIT} {
+		w := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "n", "--", "echo", "RAN")
+		waitWaiters(t, p, 1)
+		w.signal(sig)
+		if r := w.wait(10 * time.Second); r.code != 128+int(sig) || strings.Contains(r.stdout, "RAN") {
+			t.Errorf("waiting lock after %v: %s", sig, r)
+		}
+		waitWaiters(t, p, 0)
+	}
+	outside := t.TempDir()
+	for _, args := range [][]string{
+		{"--mount", d.mountpoint, "../escape", "--", "true"},
+		{"--mount", d.mountpoint, "", "--", "true"},
+		{"-w", "-5s", "--mount", d.mountpoint, "x", "--", "true"},
+		{"-E", "300", "--mount", d.mountpoint, "x", "--", "true"},
+		{"-n", "-w", "1s", "--mount", d.mountpoint, "x", "--", "true"},
+		{"--mount", d.mountpoint, "x"},
+	} {
+		if r := lockCmd(t, nil, args...); r.code != 2 {
+			t.Errorf("lock %q: exit %d, want usage 2: %s", args, r.code, r)
+		}
+	}
+	if r := lockCmd(t, nil, "--mount", outside, "foo", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "not a leasefs mount") {
+		t.Errorf("lock in a directory that is no leasefs mount: %s", r)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 || fileExists(filepath.Join(filepath.Dir(d.mountpoint), "escape")) {
+		t.Errorf("lock created files outside the mount: %v", entries)
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
