@@ -81,7 +81,7 @@ func readDaemonStatus(cmd *cobra.Command, state string) (daemonStatus, error) {
 	if err != nil {
 		return daemonStatus{}, err
 	}
-	st := daemonStatus{State: abs, Store: "file", Leases: map[string]int{}}
+	st := daemonStatus{State: abs, Store: "file", Leases: map[string]int{string(leasecore.ModeToken): 0, string(leasecore.ModeHandle): 0}}
 	lockPath := filepath.Join(abs, mount.DaemonLockName)
 	if held, ok := daemonlock.Held(lockPath); ok && held {
 		st.Served = true
