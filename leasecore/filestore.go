@@ -177,15 +177,46 @@ func (s *FileStore) flock(how int) (func(), error) {
 	return func() { _ = unix.Flock(int(s.lockFile.Fd()), unix.LOCK_UN) }, nil
 }
 
+// readLockWait bounds how long a read-only store waits for the shared
+// store lock. A writer holds it only for one record write; a longer hold
+// means a writer that cannot let go — a killed daemon stuck in the kernel
+// on its own mount, which keeps its descriptors (and locks) until its FUSE
+// connection is aborted — and "leasefs ls" must not hang behind it.
+const readLockWait = 2 * time.Second
+
+// readLock takes the shared store lock for a read-only load, waiting at
+// most readLockWait; after that it reads without the lock (every record is
+// replaced by an atomic rename, so each one read is whole) and logs why.
+func (s *FileStore) readLock() func() {
+	if s.lockFile == nil {
+		return func() {}
+	}
+	fd := int(s.lockFile.Fd())
+	deadline := time.Now().Add(readLockWait)
+	for {
+		err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = unix.Flock(fd, unix.LOCK_UN) }
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
+			s.opts.Logger.Warn("reading the store without its lock: a writer holds it and does not let go (a daemon stuck in the kernel?)",
+				"path", s.lockFile.Name(), "err", err)
+			return func() {}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // load reads every record, the namespaces and the generation mark.
 func (s *FileStore) load() error {
-	how := unix.LOCK_EX
+	var unlock func()
 	if s.opts.ReadOnly {
-		how = unix.LOCK_SH
-	}
-	unlock, err := s.flock(how)
-	if err != nil {
-		return err
+		unlock = s.readLock()
+	} else {
+		var err error
+		if unlock, err = s.flock(unix.LOCK_EX); err != nil {
+			return err
+		}
 	}
 	defer unlock()
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strings"
@@ -395,5 +396,26 @@ func TestDeferrableEndsSurvivePersistFailure(t *testing.T) {
 		if data := string(readFile(t, recordPath(state, id))); !strings.Contains(data, `status = "`+want+`"`) {
 			t.Errorf("record of %s after Reap:\n%s\nwant status %s", id, data, want)
 		}
+	}
+}
+
+// A read-only store does not hang behind a writer that never lets go of
+// the store lock (a killed daemon stuck in the kernel keeps its locks): it
+// reads without the lock after a bounded wait.
+func TestReadOnlyOpenDoesNotHangOnAHeldLock(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	reserve(t, s, "x")
+	f, err := os.Open(filepath.Join(state, LeasesDir, storeLockName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
+	if l, err := ro.Live(context.Background(), "x"); err != nil || l.Resource != "x" {
+		t.Fatalf("read-only Live behind a held lock = %+v, %v", l, err)
 	}
 }
