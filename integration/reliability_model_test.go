@@ -213,6 +213,10 @@ func daemonGone(result string) bool {
 	switch result {
 	case "ENOTCONN", "ECONNABORTED", "ENODEV":
 		return true
+	case "DETACHED":
+		// A descriptor on a mount that a restarted daemon detached (the
+		// bash client sees it through /proc/PID/fd): its daemon is gone.
+		return true
 	}
 	return false
 }

@@ -183,6 +183,20 @@ flockfd_cycle() {
 	end "$s" "$res" "$lid" "$gen" "$action"
 }
 
+# detached_fd reports whether this process has a descriptor of lease $1 on a
+# mount that is no longer at $M (a detached mount shows paths from its own
+# root).
+detached_fd() {
+	local f
+	for f in /proc/$BASHPID/fd/*; do
+		case $(readlink "$f" 2>/dev/null) in
+		"$M/"*) ;;
+		*"/$1" | *"/$1 (deleted)") return 0 ;;
+		esac
+	done
+	return 1
+}
+
 # flock1_child runs under flock(1) holding the name; $1 name, $2 mode, $3 seq.
 flock1_child() {
 	local name=$1 mode=$2 s=$3 fd f doc lid=- gen=0 res=ok
@@ -201,6 +215,10 @@ flock1_child() {
 	fi
 	if parse "$doc"; then
 		lid=$LID gen=$GEN
+	elif [[ -z $fd ]] && detached_fd "$name"; then
+		# flock(1)'s descriptor is on a mount that a restarted daemon has
+		# detached: the daemon that granted the lock is gone.
+		res=lost-DETACHED
 	else
 		res="lost-$(ename)"
 	fi
