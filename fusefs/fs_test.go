@@ -3,10 +3,8 @@ package fusefs
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,46 +13,13 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/leasefs/leasefs/internal/leaktest"
 	"github.com/leasefs/leasefs/leasecore"
-
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
-// TestMain fails the package when a goroutine of [FS.Run] outlives the
-// tests. goleak is not a dependency of the module, so the check looks for
-// Run's frames in a dump of all goroutines instead; go-fuse starts no
-// goroutines here, since nothing is mounted.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leak := leakedRun(); leak != "" {
-			fmt.Fprintf(os.Stderr, "leaked FS.Run goroutine:\n%s\n", leak)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// leakedRun returns the stack of a goroutine still inside FS.Run, waiting
-// up to a second for goroutines that are on their way out.
-func leakedRun() string {
-	deadline := time.Now().Add(time.Second)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leak string
-		for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
-			if bytes.Contains(g, []byte("fusefs.(*FS).Run(")) {
-				leak = string(g)
-				break
-			}
-		}
-		if leak == "" || time.Now().After(deadline) {
-			return leak
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// TestMain fails the package when a goroutine of Run outlives the tests.
+func TestMain(m *testing.M) { leaktest.Main(m, "fusefs.(*FS).Run(") }
 
 const (
 	uidAlice = 1000

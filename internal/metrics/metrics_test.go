@@ -2,59 +2,25 @@ package metrics
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/leaktest"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
-// TestMain fails the package when a goroutine of [Registry.Follow]
-// outlives the tests. goleak is not a dependency of the module, so the
-// check looks for its frames in a dump of all goroutines instead.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leak := leakedFollow(); leak != "" {
-			fmt.Fprintf(os.Stderr, "leaked Registry.follow goroutine:\n%s\n", leak)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// leakedFollow returns the stack of a goroutine still inside
-// Registry.follow, waiting up to a second for those on their way out.
-func leakedFollow() string {
-	deadline := time.Now().Add(time.Second)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leak string
-		for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
-			if bytes.Contains(g, []byte("metrics.(*Registry).follow(")) {
-				leak = string(g)
-				break
-			}
-		}
-		if leak == "" || time.Now().After(deadline) {
-			return leak
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// TestMain fails the package when a goroutine of Registry.Follow outlives the tests.
+func TestMain(m *testing.M) { leaktest.Main(m, "metrics.(*Registry).follow(") }
 
 const leaseDuration = time.Minute
 
