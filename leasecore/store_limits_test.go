@@ -135,8 +135,6 @@ func TestInvalidDrafts(t *testing.T) {
 	}
 }
 
-func ptr[T any](v T) *T { return &v }
-
 func TestNamespaceQuota(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newTestStore(t, Options{MaxLeasesPerUID: 2})
