@@ -64,20 +64,7 @@ func TestHooksSeeRefusalsAndHandoffs(t *testing.T) {
 	if errno := waiter.Setlk(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != syscall.EWOULDBLOCK {
 		t.Fatalf("flock -n on a held name = %v, want EWOULDBLOCK", errno)
 	}
-	granted := make(chan syscall.Errno, 1)
-	go func() { granted <- waiter.Setlkw(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
-	waitStoreWaiters(t, store, "q", 1)
-	if errno := holder.Setlk(as(uidAlice), 1, flockLk(syscall.F_UNLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
-		t.Fatalf("holder unlock: %v", errno)
-	}
-	select {
-	case errno := <-granted:
-		if errno != 0 {
-			t.Fatalf("waiter's flock = %v", errno)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter was not granted after the holder unlocked")
-	}
+	handOff(t, store, "q", holder, waiter)
 
 	refusals, handoffs := calls.get()
 	if want := []string{"create EEXIST", "flock EAGAIN"}; !slices.Equal(refusals, want) {

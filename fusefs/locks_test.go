@@ -45,21 +45,14 @@ func waitStoreWaiters(t *testing.T, s leasecore.Store, resource string, n int) {
 	})
 }
 
-// A blocked flock waiter is granted when the holder unlocks: the store's
-// end of the holder's lease wakes it. The reaper never runs during the test
-// and nothing polls, so nothing else could.
-func TestFlockWaiterWokenByUnlock(t *testing.T) {
-	e := newEnv(t, leasecore.Options{ReapInterval: time.Hour})
-	n, h1 := mustCreate(t, as(uidAlice), e.root, "q")
-	if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
-		t.Fatalf("holder flock: %v", errno)
-	}
-	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+// handOff blocks waiter (bob) in flock on resource behind holder (alice),
+// unlocks the holder and checks that the waiter is granted.
+func handOff(t *testing.T, s leasecore.Store, resource string, holder, waiter *leaseHandle) {
+	t.Helper()
 	granted := make(chan syscall.Errno, 1)
-	go func() { granted <- h2.Setlkw(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
-	waitStoreWaiters(t, e.store, "q", 1)
-	held := h1.leaseID()
-	if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_UNLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+	go func() { granted <- waiter.Setlkw(as(uidBob), 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+	waitStoreWaiters(t, s, resource, 1)
+	if errno := holder.Setlk(as(uidAlice), 1, flockLk(syscall.F_UNLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
 		t.Fatalf("holder unlock: %v", errno)
 	}
 	select {
@@ -70,6 +63,20 @@ func TestFlockWaiterWokenByUnlock(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiter was not granted after the holder unlocked")
 	}
+}
+
+// A blocked flock waiter is granted when the holder unlocks: the store's
+// end of the holder's lease wakes it. The reaper never runs during the test
+// and nothing polls, so nothing else could.
+func TestFlockWaiterWokenByUnlock(t *testing.T) {
+	e := newEnv(t, leasecore.Options{ReapInterval: time.Hour})
+	n, h1 := mustCreate(t, as(uidAlice), e.root, "q")
+	if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("holder flock: %v", errno)
+	}
+	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+	held := h1.leaseID()
+	handOff(t, e.store, "q", h1, h2)
 	l, err := e.store.Live(context.Background(), "q")
 	if err != nil || l.ID == held || l.ID != h2.leaseID() || l.Mode != leasecore.ModeHandle || l.HolderUID != uidBob {
 		t.Fatalf("after the handoff the lease is %+v, %v; want a handle lease of bob bound to the waiter", l, err)
