@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +50,33 @@ func BenchmarkReserveAmong(b *testing.B) {
 				}
 				i++
 			}
+		})
+	}
+}
+
+// BenchmarkReserveEndClients measures Reserve and End of distinct names by
+// 1 and 16 concurrent callers of one file store: with group commit, the
+// callers share commits, so 16 get more done than one.
+func BenchmarkReserveEndClients(b *testing.B) {
+	for _, clients := range []int{1, 16} {
+		b.Run(strconv.Itoa(clients), func(b *testing.B) {
+			s := openStore(b, b.TempDir(), Options{HistoryKeep: 100, Clock: clocktest.NewFakeClock(testStart)})
+			ctx := context.Background()
+			var next atomic.Int64
+			b.SetParallelism(clients) // per GOMAXPROCS; 16/GOMAXPROCS is close enough
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					g, err := s.Reserve(ctx, Draft{Resource: "r-" + strconv.FormatInt(next.Add(1), 10)})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if _, err := s.End(ctx, g.Lease.ID, StatusComplete); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
 		})
 	}
 }

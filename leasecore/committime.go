@@ -2,36 +2,39 @@ package leasecore
 
 import "time"
 
-// timedPersister is a persister that reports how long each durable change
-// of the one it wraps took ([Options.OnCommit]). Like every persister it is
-// called with the store's mutex held.
-type timedPersister struct {
+// markingPersister is a persister that tells its store when a change
+// started being persisted, so that the store can report how long the
+// change took to become durable ([Options.OnCommit]) once its commit is
+// done. Like every persister it is called with the store's mutex held.
+type markingPersister struct {
 	persister
-	onCommit func(time.Duration)
+	s *store
 }
 
-// timed runs change and reports its duration when it succeeded.
-func (p timedPersister) timed(change func() error) error {
+// mark notes the start of a change, unless one is already pending.
+func (p markingPersister) mark(change func() error) error {
 	start := time.Now()
 	if err := change(); err != nil {
 		return err
 	}
-	p.onCommit(time.Since(start))
+	if p.s.dirtySince.IsZero() {
+		p.s.dirtySince = start
+	}
 	return nil
 }
 
-func (p timedPersister) writeRecord(l *Lease, tokenHash string) error {
-	return p.timed(func() error { return p.persister.writeRecord(l, tokenHash) })
+func (p markingPersister) writeRecord(l *Lease, tokenHash string) error {
+	return p.mark(func() error { return p.persister.writeRecord(l, tokenHash) })
 }
 
-func (p timedPersister) removeRecords(ids []string) error {
-	return p.timed(func() error { return p.persister.removeRecords(ids) })
+func (p markingPersister) removeRecords(ids []string) error {
+	return p.mark(func() error { return p.persister.removeRecords(ids) })
 }
 
-func (p timedPersister) saveGeneration(hw uint64) error {
-	return p.timed(func() error { return p.persister.saveGeneration(hw) })
+func (p markingPersister) saveGeneration(hw uint64) error {
+	return p.mark(func() error { return p.persister.saveGeneration(hw) })
 }
 
-func (p timedPersister) saveNamespaces(nss map[string]Namespace) error {
-	return p.timed(func() error { return p.persister.saveNamespaces(nss) })
+func (p markingPersister) saveNamespaces(nss map[string]Namespace) error {
+	return p.mark(func() error { return p.persister.saveNamespaces(nss) })
 }

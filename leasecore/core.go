@@ -43,12 +43,13 @@ type Options struct {
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended by a liveness rule; default slog.Default().
 	Logger *slog.Logger
-	// OnCommit, when set, is called after every durable change the store
-	// makes (a record written or removed, the generation mark or the
-	// namespaces saved) with how long the change took to become durable,
-	// measured on the real clock whatever Clock is. Failed changes are not
-	// reported. It is called with the store's lock held: it must return
-	// quickly and must not call the store.
+	// OnCommit, when set, is called once for every store call that made a
+	// durable change (a record written or removed, the generation mark or
+	// the namespaces saved), with how long the change took from its first
+	// write to being durable (its journal commit included), measured on the
+	// real clock whatever Clock is. Failed changes are not reported. It is
+	// called on the caller's goroutine without the store's lock; it must
+	// return quickly and must not call the store.
 	OnCommit func(d time.Duration)
 }
 
@@ -78,8 +79,10 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// persister makes the changes of a [store] durable. Its methods are called
-// with the store's mutex held, and must not call back into the store.
+// persister makes the changes of a [store] durable. Its methods, but for
+// await, are called with the store's mutex held, and must not call back
+// into the store. A change it accepts is visible to readers of its files at
+// once and durable once await returns (group commit, docs/ARCHITECTURE.md).
 type persister interface {
 	// writeRecord replaces the record of l durably.
 	writeRecord(l *Lease, tokenHash string) error
@@ -89,6 +92,11 @@ type persister interface {
 	saveGeneration(hw uint64) error
 	// saveNamespaces replaces the set of namespaces durably.
 	saveNamespaces(nss map[string]Namespace) error
+	// await returns once every change persisted so far is durable,
+	// reporting whether it had to wait for a commit. It is the one method
+	// called without the store's mutex. Errors: a *PersistError with Op
+	// "sync" (the outcome is unknown) when a commit failed.
+	await() (waited bool, err error)
 	// publishWaiters tells readers of the store how many flock waiters
 	// each resource has; advisory, never fails.
 	publishWaiters(counts map[string]int)
@@ -129,6 +137,9 @@ type store struct {
 	// written yet (see endLocked).
 	unsynced map[string]*entry
 	hw       uint64 // highest generation granted
+	// dirtySince is when the oldest change not yet reported to
+	// Options.OnCommit began (zero: none).
+	dirtySince time.Time
 
 	feed feed
 	// kick wakes the reaper early: a read found a dead lease.
@@ -139,10 +150,7 @@ type store struct {
 }
 
 func newStore(opts Options, disk persister) *store {
-	if opts.OnCommit != nil {
-		disk = timedPersister{persister: disk, onCommit: opts.OnCommit}
-	}
-	return &store{
+	s := &store{
 		opts:       opts,
 		disk:       disk,
 		bootID:     BootID(),
@@ -153,6 +161,32 @@ func newStore(opts Options, disk persister) *store {
 		queues:     make(waitQueues),
 		unsynced:   make(map[string]*entry),
 		kick:       make(chan struct{}, 1),
+	}
+	if opts.OnCommit != nil {
+		s.disk = markingPersister{persister: disk, s: s}
+	}
+	return s
+}
+
+// unlock releases mu and returns once every change made so far is durable,
+// so that no caller learns of a change (its own or another's) that a crash
+// could still undo (docs/PROTOCOL.md §4.3). A failed commit replaces a nil
+// *err with its *PersistError (the outcome is unknown). It reports the
+// commit to Options.OnCommit. Deferred by every method that took mu through
+// begin.
+func (s *store) unlock(err *error) {
+	since := s.dirtySince
+	s.dirtySince = time.Time{}
+	s.mu.Unlock()
+	_, werr := s.disk.await()
+	if werr != nil {
+		if *err == nil {
+			*err = werr
+		}
+		return
+	}
+	if !since.IsZero() && *err == nil && s.opts.OnCommit != nil {
+		s.opts.OnCommit(time.Since(since))
 	}
 }
 
@@ -374,11 +408,11 @@ func (s *store) snapshot(e *entry) Lease {
 // history beyond Options.HistoryKeep; it returns the leases it ended. The
 // store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
 // ErrReadOnly, *PersistError from pruning.
-func (s *store) Reap(ctx context.Context) ([]Lease, error) {
+func (s *store) Reap(ctx context.Context) (_ []Lease, err error) {
 	if err := s.begin(true); err != nil {
 		return nil, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	if err := s.syncLocked(); err != nil {
 		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
 	}

@@ -78,10 +78,32 @@ func (s *store) acquire(ctx context.Context, d Draft, wait bool) (Grant, error) 
 	if err != nil {
 		return Grant{}, err
 	}
+	g, err := s.acquireCommitted(ctx, d, wait)
+	if err != nil && g.Token != "" {
+		// Granted in memory, but its commit failed: the caller never
+		// learns the token, so nobody can use or release the lease.
+		s.abandonUncommitted(g.Lease.ID)
+		return Grant{}, err
+	}
+	return g, err
+}
+
+// abandonUncommitted ends lease id, whose reservation failed to commit, as
+// abandoned (in memory at least: the end is deferrable).
+func (s *store) abandonUncommitted(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.leases[id]; e != nil && e.lease.Status == StatusActive && !s.closed {
+		_ = s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "its reservation could not be committed", true)
+	}
+}
+
+// acquireCommitted is acquire after the draft is checked.
+func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Grant, err error) {
 	if err := s.begin(true); err != nil {
 		return Grant{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	if !wait {
 		return s.reserveLocked(d)
 	}
@@ -232,11 +254,11 @@ func (s *store) lookupActive(id string) (*entry, error) {
 // checking token when one is given, and returns the resulting lease; a lease
 // still live after it is published as what. change must persist before it
 // alters the entry. The caller does not hold mu.
-func (s *store) mutateActive(id string, token *string, what Change, change func(*entry) error) (Lease, error) {
+func (s *store) mutateActive(id string, token *string, what Change, change func(*entry) error) (_ Lease, err error) {
 	if err := s.begin(true); err != nil {
 		return Lease{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	e, err := s.lookupActive(id)
 	if err != nil {
 		return Lease{}, err
@@ -343,11 +365,11 @@ func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequ
 }
 
 // Live returns the live lease on resource; see [Store.Live].
-func (s *store) Live(ctx context.Context, resource string) (Lease, error) {
+func (s *store) Live(ctx context.Context, resource string) (_ Lease, err error) {
 	if err := s.begin(false); err != nil {
 		return Lease{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	e := s.live[resource]
 	if e == nil || !s.alive(e) {
 		return Lease{}, fmt.Errorf("%w: no live lease on %q", ErrNotFound, resource)
@@ -356,14 +378,14 @@ func (s *store) Live(ctx context.Context, resource string) (Lease, error) {
 }
 
 // Load returns lease id in any status; see [Store.Load].
-func (s *store) Load(ctx context.Context, id string) (Lease, error) {
+func (s *store) Load(ctx context.Context, id string) (_ Lease, err error) {
 	if err := ValidateLeaseID(id); err != nil {
 		return Lease{}, err
 	}
 	if err := s.begin(false); err != nil {
 		return Lease{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	e := s.leases[id]
 	if e == nil {
 		return Lease{}, fmt.Errorf("%w: lease %s", ErrNotFound, id)
@@ -385,21 +407,21 @@ func (s *store) liveLocked(keep func(*entry) bool) []Lease {
 }
 
 // List returns every live lease sorted by resource; see [Store.List].
-func (s *store) List(ctx context.Context) ([]Lease, error) {
+func (s *store) List(ctx context.Context) (_ []Lease, err error) {
 	if err := s.begin(false); err != nil {
 		return nil, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	return s.liveLocked(func(*entry) bool { return true }), nil
 }
 
 // ListDir returns the namespaces and live leases directly inside dir; see
 // [Store.ListDir].
-func (s *store) ListDir(ctx context.Context, dir string) ([]Namespace, []Lease, error) {
+func (s *store) ListDir(ctx context.Context, dir string) (_ []Namespace, _ []Lease, err error) {
 	if err := s.begin(false); err != nil {
 		return nil, nil, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	if _, ok := s.namespaces[dir]; dir != "" && !ok {
 		return nil, nil, fmt.Errorf("%w: %q", ErrNoNamespace, dir)
 	}
@@ -414,11 +436,11 @@ func (s *store) ListDir(ctx context.Context, dir string) ([]Namespace, []Lease, 
 }
 
 // History returns ended leases newest first; see [Store.History].
-func (s *store) History(ctx context.Context, resource string) ([]Lease, error) {
+func (s *store) History(ctx context.Context, resource string) (_ []Lease, err error) {
 	if err := s.begin(false); err != nil {
 		return nil, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	var out []Lease
 	for _, e := range s.leases {
 		if e.lease.Status != StatusActive && (resource == "" || e.lease.Resource == resource) {

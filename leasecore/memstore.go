@@ -29,3 +29,4 @@ func (memDisk) saveGeneration(uint64) error               { return nil }
 func (memDisk) saveNamespaces(map[string]Namespace) error { return nil }
 func (memDisk) publishWaiters(map[string]int)             {}
 func (memDisk) close()                                    {}
+func (memDisk) await() (bool, error)                      { return false, nil }

@@ -116,11 +116,11 @@ func (s *FileStore) saveNamespaces(nss map[string]Namespace) error {
 }
 
 // Namespace returns the namespace at path; see [Store.Namespace].
-func (s *store) Namespace(ctx context.Context, path string) (Namespace, error) {
+func (s *store) Namespace(ctx context.Context, path string) (_ Namespace, err error) {
 	if err := s.begin(false); err != nil {
 		return Namespace{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	ns, ok := s.namespaces[path]
 	if !ok {
 		return Namespace{}, fmt.Errorf("%w: namespace %q", ErrNotFound, path)
@@ -131,14 +131,14 @@ func (s *store) Namespace(ctx context.Context, path string) (Namespace, error) {
 // Mkdir creates namespace path; see [Store.Mkdir]. A uid may own at most
 // Options.MaxLeasesPerUID namespaces (ErrQuota), so that one user cannot
 // exhaust the store (docs/PROTOCOL.md §7).
-func (s *store) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namespace, error) {
+func (s *store) Mkdir(ctx context.Context, path string, uid, gid uint32) (_ Namespace, err error) {
 	if err := ValidateResource(path); err != nil {
 		return Namespace{}, err
 	}
 	if err := s.begin(true); err != nil {
 		return Namespace{}, err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	if p := parentOf(path); p != "" {
 		if _, ok := s.namespaces[p]; !ok {
 			return Namespace{}, fmt.Errorf("%w: %q", ErrNoNamespace, p)
@@ -174,11 +174,11 @@ func (s *store) Mkdir(ctx context.Context, path string, uid, gid uint32) (Namesp
 }
 
 // Rmdir removes an empty namespace; see [Store.Rmdir].
-func (s *store) Rmdir(ctx context.Context, path string) error {
+func (s *store) Rmdir(ctx context.Context, path string) (err error) {
 	if err := s.begin(true); err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
+	defer s.unlock(&err)
 	if _, ok := s.namespaces[path]; !ok {
 		return fmt.Errorf("%w: namespace %q", ErrNotFound, path)
 	}

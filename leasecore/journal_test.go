@@ -1,0 +1,261 @@
+package leasecore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
+)
+
+// crashImage copies the state directory of a store that is still open, as
+// a crash of its process would leave it, into a new directory.
+func crashImage(t *testing.T, state string) string {
+	t.Helper()
+	img := t.TempDir()
+	err := filepath.WalkDir(state, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(state, p)
+		dst := filepath.Join(img, rel)
+		if d.IsDir() {
+			return os.MkdirAll(dst, 0o700)
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(dst, data, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// loseRecords removes every record file from a crash image: what a machine
+// crash leaves when none of the records' writes since the last checkpoint
+// reached the disk.
+func loseRecords(t *testing.T, img string) {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(img, LeasesDir, "*.toml"))
+	if len(paths) == 0 {
+		t.Fatal("crash image holds no record")
+	}
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// journalChanges makes acknowledged changes of every kind in s: a renewed
+// lease, an ended one and a live one.
+func journalChanges(t *testing.T, s *FileStore, clock *clocktest.FakeClock) (renewed, ended, live Lease) {
+	t.Helper()
+	ctx := context.Background()
+	a := reserve(t, s, "a")
+	clock.Advance(2e9)
+	l, err := s.Renew(ctx, a.Lease.ID, a.Token, Annotations{"path": "/src/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := reserve(t, s, "b")
+	e, err := s.Release(ctx, b.Lease.ID, b.Token, StatusComplete, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := reserve(t, s, "c")
+	return l, e, c.Lease
+}
+
+// checkChanges checks that a store opened on a crash image holds the
+// changes of journalChanges.
+func checkChanges(t *testing.T, s Store, renewed, ended, live Lease) {
+	t.Helper()
+	ctx := context.Background()
+	got, err := s.Live(ctx, "a")
+	if err != nil || got.ID != renewed.ID || !got.HeartbeatAt.Equal(renewed.HeartbeatAt) || got.Path != "/src/a" {
+		t.Errorf("renewed lease after the crash = %+v, %v; want heartbeat %v and path /src/a", got, err, renewed.HeartbeatAt)
+	}
+	if got, err := s.Load(ctx, ended.ID); err != nil || got.Status != StatusComplete {
+		t.Errorf("released lease after the crash = %+v, %v; want status complete", got, err)
+	}
+	if got, err := s.Live(ctx, "c"); err != nil || got.ID != live.ID || got.Generation != live.Generation {
+		t.Errorf("live lease after the crash = %+v, %v; want %s generation %d", got, err, live.ID, live.Generation)
+	}
+}
+
+// Every acknowledged change is in the journal: a crash that loses every
+// record written since the last checkpoint loses no change, for the
+// daemon's store (which rewrites the records and checkpoints) and for a
+// read-only one ("leasefs ls" without a daemon).
+func TestJournalReplayRestoresLostRecords(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	renewed, ended, live := journalChanges(t, s, clock)
+
+	img := crashImage(t, state)
+	loseRecords(t, img)
+	ro := openStore(t, img, Options{Clock: clock, ReadOnly: true, NoDaemon: true})
+	checkChanges(t, ro, renewed, ended, live)
+
+	rw := openStore(t, img, Options{Clock: clock})
+	checkChanges(t, rw, renewed, ended, live)
+	for _, id := range []string{renewed.ID, ended.ID, live.ID} {
+		if _, err := os.Stat(filepath.Join(img, LeasesDir, id+".toml")); err != nil {
+			t.Errorf("record of %s not rewritten from the journal: %v", id, err)
+		}
+	}
+	// The next lease's generation is above every replayed one.
+	if g := reserve(t, rw, "d"); g.Lease.Generation <= live.Generation {
+		t.Errorf("generation after replay = %d, want > %d", g.Lease.Generation, live.Generation)
+	}
+}
+
+// A torn tail — an entry cut short or with a bad checksum — is dropped and
+// logged, and every entry before it applies.
+func TestJournalTornTailDropped(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		tear func(journal []byte) []byte
+	}{
+		{"half an entry appended", func(j []byte) []byte {
+			return append(j, 0x40, 0, 0, 0, 1, 2, 3, 4, 'R', 'l', 'e')
+		}},
+		{"garbage appended", func(j []byte) []byte { return append(j, bytes.Repeat([]byte{0xa5}, 100)...) }},
+		{"last byte of the last entry flipped", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, clock, state := newTestStore(t, Options{})
+			renewed, ended, live := journalChanges(t, s, clock)
+			var flipped Lease
+			if tc.tear == nil {
+				// One more change, whose entry the tear destroys.
+				g := reserve(t, s, "torn")
+				flipped = g.Lease
+			}
+			img := crashImage(t, state)
+			loseRecords(t, img)
+			path := filepath.Join(img, journalName)
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.tear != nil {
+				data = tc.tear(bytes.TrimRight(data, "\x00"))
+			} else {
+				end := len(bytes.TrimRight(data, "\x00"))
+				data[end-1] ^= 0xff
+			}
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var log syncBuffer
+			rw := openStore(t, img, Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			checkChanges(t, rw, renewed, ended, live)
+			if !strings.Contains(log.String(), "torn tail of the journal") {
+				t.Errorf("no log line about the torn tail; log:\n%s", log.String())
+			}
+			if flipped.ID != "" {
+				if _, err := rw.Load(context.Background(), flipped.ID); !errors.Is(err, ErrNotFound) {
+					t.Errorf("the lease of the torn entry loaded: %v, want ErrNotFound", err)
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use, for log output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Changes that arrive while no commit runs share one: three records
+// written under the store's lock are made durable by one write and one
+// fdatasync.
+func TestJournalGroupCommit(t *testing.T) {
+	t.Parallel()
+	s, clock, _ := newTestStore(t, Options{})
+	before := s.j.commits()
+	s.mu.Lock()
+	for _, r := range []string{"x", "y", "z"} {
+		l := Lease{ID: NewLeaseID(), Resource: r, Status: StatusActive, Mode: ModeToken, Generation: 1,
+			StartedAt: clock.Now(), HeartbeatAt: clock.Now()}
+		if err := s.disk.writeRecord(&l, HashToken(NewToken())); err != nil {
+			s.mu.Unlock()
+			t.Fatal(err)
+		}
+	}
+	s.mu.Unlock()
+	if waited, err := s.disk.await(); err != nil || !waited {
+		t.Fatalf("await = %v, %v; want a commit", waited, err)
+	}
+	if n := s.j.commits() - before; n != 1 {
+		t.Errorf("three appended records took %d commits, want 1", n)
+	}
+	if waited, err := s.disk.await(); err != nil || waited {
+		t.Errorf("await with nothing pending = %v, %v; want no commit", waited, err)
+	}
+}
+
+// A commit that fails leaves the outcome unknown: the caller gets a
+// *PersistError that is ErrOutcomeUnknown, the reservation it made is
+// ended (its holder never got the token), and once the journal works again
+// the next change checkpoints and succeeds.
+func TestJournalCommitFailure(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	good := s.j.f
+	bad, err := os.Open(os.DevNull) // read-only: writes fail with EBADF
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	s.mu.Lock()
+	s.j.f = bad
+	s.mu.Unlock()
+	_, err = s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000})
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Reserve with a failing journal: %v, want ErrOutcomeUnknown", err)
+	}
+	if l, err := s.Live(ctx, "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the uncommitted reservation is still live: %+v, %v", l, err)
+	}
+	if _, err := s.Reserve(ctx, Draft{Resource: "y", HolderUID: 1000}); err == nil {
+		t.Error("Reserve while the journal cannot be reset succeeded")
+	}
+	s.mu.Lock()
+	s.j.f = good
+	s.mu.Unlock()
+	g := reserve(t, s, "z")
+	if _, err := s.Live(ctx, "z"); err != nil {
+		t.Errorf("after the journal recovered, Live(z) = %v", err)
+	}
+	if _, err := s.End(ctx, g.Lease.ID, StatusComplete); err != nil {
+		t.Errorf("End after recovery: %v", err)
+	}
+}
