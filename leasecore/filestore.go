@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -47,9 +48,22 @@ type FileStore struct {
 	dirFile  *os.File // dir, opened for fsync
 	stFile   *os.File // state, opened for fsync
 	hwSaved  uint64   // value in the generation file
-	// j is the journal of a writable store (nil when read-only).
-	j *journal
-	// pool holds the spare files that putRecord writes into.
+	// jr holds the active journal of a writable store (nil when
+	// read-only); it is swapped under mu and read by await without it.
+	jr atomic.Pointer[journal]
+	// prev is the other journal file: the previous epoch's, valid until
+	// ckpt is done. Guarded by mu.
+	prev *journal
+	// dirty holds the lease ids whose records changed in the active epoch.
+	// Guarded by mu.
+	dirty map[string]struct{}
+	// ckpt is the background checkpoint of prev's epoch, nil once it has
+	// succeeded and been accounted. Guarded by mu.
+	ckpt *backgroundCheckpoint
+	// checkpointAt is the active journal's length that makes the next
+	// change rotate: checkpointBytes, smaller in tests. Guarded by mu.
+	checkpointAt int64
+	// pool holds the spare files that putRecord writes into. Guarded by mu.
 	pool filePool
 	// hwJournal is the generation mark last appended to the journal; the
 	// next checkpoint writes it to the generation file.
@@ -73,7 +87,7 @@ var (
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
 	opts = opts.withDefaults()
-	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir)}
+	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}), checkpointAt: checkpointBytes}
 	s.store = newStore(opts, s)
 	if opts.ReadOnly {
 		// Without writer-leases (or without the state directory itself) no
@@ -100,7 +114,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		// Start a fresh journal epoch with every replayed change in the
 		// records. On failure (a full disk) the store still opens: the
 		// journal is kept as it is, and the first change checkpoints.
-		if err := s.checkpoint(); err != nil {
+		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("cannot checkpoint the journal at start; changes will retry", "err", err)
 		}
 		s.startReaper()
@@ -118,66 +132,6 @@ func (s *FileStore) addLoaded(l Lease, hash string, now time.Time, mono time.Dur
 	e.hbMono = mono - age
 	s.leases[l.ID] = e
 	s.hw = max(s.hw, e.lease.Generation)
-}
-
-// replayJournal applies the journal's entries on top of the records just
-// read (docs/PROTOCOL.md §4.3): they hold every acknowledged change that a
-// crash may have kept out of the records. A writable store rewrites those
-// records and keeps the journal open for appending; a read-only one only
-// reads it. A torn tail (a crash mid-write) is dropped and logged.
-// Errors: opening a writable store's journal.
-func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
-	path := filepath.Join(s.state, journalName)
-	j, entries, torn, err := openJournal(path, !s.opts.ReadOnly)
-	if err != nil {
-		if s.opts.ReadOnly {
-			s.opts.Logger.Warn("cannot read the journal; the records may miss the latest changes", "path", path, "err", err)
-			return nil
-		}
-		return err
-	}
-	if j == nil {
-		return nil
-	}
-	if torn && !s.opts.ReadOnly {
-		// A read-only store may see the tail that a serving daemon is
-		// writing: only a writable one, alone on the directory, knows it
-		// is torn.
-		s.opts.Logger.Warn("dropping the torn tail of the journal (a crash mid-write; nothing in it was acknowledged)", "path", path)
-	}
-	r := replay(entries, func(reason string) {
-		s.opts.Logger.Warn("skipping a malformed journal entry", "path", path, "reason", reason)
-	})
-	for id := range r.removed {
-		delete(s.leases, id)
-		if !s.opts.ReadOnly {
-			if err := removeFile(filepath.Join(s.dir, id+".toml")); err != nil {
-				j.close()
-				return err
-			}
-		}
-	}
-	for id, data := range r.records {
-		l, hash, err := decodeRecord(data)
-		if err != nil {
-			continue // reported by replay
-		}
-		s.addLoaded(l, hash, now, mono)
-		if !s.opts.ReadOnly {
-			if err := s.putRecord(id, data); err != nil {
-				j.close()
-				return err
-			}
-		}
-	}
-	s.hw = max(s.hw, r.hw)
-	if s.opts.ReadOnly {
-		j.close()
-		return nil
-	}
-	s.hwJournal = r.hw
-	s.j = j
-	return nil
 }
 
 func (s *FileStore) openFiles() error {
@@ -237,10 +191,8 @@ func (s *FileStore) settleDuration(adopt bool) error {
 // hold the state (and the reference store or an older leasefs reads it
 // whole), and releases the store's files (persister).
 func (s *FileStore) close() {
-	if s.j != nil {
-		if _, err := s.j.await(s.j.pending()); err != nil {
-			s.opts.Logger.Error("closing the store: the last commit failed", "err", err)
-		} else if err := s.checkpoint(); err != nil {
+	if s.jnl() != nil {
+		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("closing the store: checkpoint failed; the journal is replayed at the next start", "err", err)
 		}
 	}
@@ -248,13 +200,18 @@ func (s *FileStore) close() {
 }
 
 func (s *FileStore) closeFiles() {
+	if c := s.ckpt; c != nil {
+		<-c.done
+	}
 	for _, f := range []*os.File{s.lockFile, s.dirFile, s.stFile} {
 		if f != nil {
 			f.Close()
 		}
 	}
-	if s.j != nil {
-		s.j.close()
+	for _, j := range []*journal{s.jnl(), s.prev} {
+		if j != nil {
+			j.close()
+		}
 	}
 }
 
@@ -495,7 +452,7 @@ func (s *FileStore) writeRecord(l *Lease, hash string) error {
 	if err := s.putRecord(l.ID, data); err != nil {
 		return err
 	}
-	s.j.append(entryRecord, data)
+	s.jnl().append(entryRecord, data)
 	return nil
 }
 
@@ -513,7 +470,7 @@ func (s *FileStore) putRecord(id string, data []byte) error {
 	if err := s.checkSpace(); err != nil {
 		return &PersistError{Op: "write", Path: path, Err: err}
 	}
-	spare, err := s.pool.take(s.dir, s.j)
+	spare, err := s.pool.take(s.dir, s.jnl())
 	if err != nil {
 		return &PersistError{Op: "write", Path: path, Err: err}
 	}
@@ -525,7 +482,7 @@ func (s *FileStore) putRecord(id string, data []byte) error {
 	switch {
 	case err == nil:
 		// spare now names the old record, free once this change commits.
-		s.pool.release(spare, s.j.pending()+1)
+		s.pool.release(spare, s.jnl().pending()+1)
 	case errors.Is(err, unix.ENOENT):
 		if err := os.Rename(spare, path); err != nil {
 			s.pool.discard(spare)
@@ -535,6 +492,7 @@ func (s *FileStore) putRecord(id string, data []byte) error {
 		s.pool.discard(spare)
 		return &PersistError{Op: "write", Path: path, Err: err}
 	}
+	s.dirty[id] = struct{}{}
 	return nil
 }
 
@@ -575,52 +533,6 @@ func overwrite(path string, data []byte) error {
 	return err
 }
 
-// journalReady checkpoints when the journal has grown past checkpointBytes
-// or its last commit failed, before a change is appended. Errors: the
-// checkpoint's *PersistError; the change must then be refused. The caller
-// holds mu but not the store lock.
-func (s *FileStore) journalReady() error {
-	if s.j.broken() == nil && s.j.length() <= checkpointBytes {
-		return nil
-	}
-	return s.checkpoint()
-}
-
-// checkpoint makes every change durable in the records themselves —
-// syncfs(2) of the state filesystem, then the generation file — and starts
-// a new journal epoch, which drops every entry (docs/PROTOCOL.md §4.3).
-// Errors: *PersistError; the journal is then still needed and kept. The
-// caller holds mu but not the store lock.
-func (s *FileStore) checkpoint() error {
-	unlock, err := s.flock(unix.LOCK_EX)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := syncFS(s.dirFile); err != nil {
-		return &PersistError{Op: "sync", Path: s.dir, Err: err}
-	}
-	if s.hwJournal > s.hwSaved {
-		data := []byte(strconv.FormatUint(s.hwJournal, 10) + "\n")
-		if err := writeFile(s.stFile, filepath.Join(s.state, generationName), data); err != nil {
-			return err
-		}
-		s.hwSaved = s.hwJournal
-	}
-	return s.j.reset()
-}
-
-// await returns once every appended change is durable (persister).
-func (s *FileStore) await() (bool, error) {
-	if s.j == nil {
-		return false, nil
-	}
-	return s.j.await(s.j.pending())
-}
-
-// Dir returns the state directory. Safe for concurrent use.
-func (s *FileStore) Dir() string { return s.state }
-
 // removeRecords deletes the records of pruned leases and journals their
 // removal (persister). Whatever was journaled before — the generation mark
 // above all — is made durable first, so that no removal can outlive the
@@ -629,7 +541,7 @@ func (s *FileStore) removeRecords(ids []string) error {
 	if err := s.journalReady(); err != nil {
 		return err
 	}
-	if _, err := s.j.await(s.j.pending()); err != nil {
+	if _, err := s.await(); err != nil {
 		return err
 	}
 	unlock, err := s.flock(unix.LOCK_EX)
@@ -637,16 +549,17 @@ func (s *FileStore) removeRecords(ids []string) error {
 		return err
 	}
 	defer unlock()
-	seq := s.j.pending() + 1 // the removal entry
+	seq := s.jnl().pending() + 1 // the removal entry
 	for i, id := range ids {
 		if err := s.pool.recycle(filepath.Join(s.dir, id+".toml"), s.dir, seq); err != nil {
 			if i > 0 {
-				s.j.append(entryRemoved, []byte(strings.Join(ids[:i], "\n")))
+				s.jnl().append(entryRemoved, []byte(strings.Join(ids[:i], "\n")))
 			}
 			return &PersistError{Op: "remove", Path: filepath.Join(s.dir, id+".toml"), Err: err}
 		}
+		s.dirty[id] = struct{}{}
 	}
-	s.j.append(entryRemoved, []byte(strings.Join(ids, "\n")))
+	s.jnl().append(entryRemoved, []byte(strings.Join(ids, "\n")))
 	return nil
 }
 
@@ -659,7 +572,7 @@ func (s *FileStore) saveGeneration(hw uint64) error {
 	if err := s.journalReady(); err != nil {
 		return err
 	}
-	s.j.append(entryGeneration, []byte(strconv.FormatUint(hw, 10)))
+	s.jnl().append(entryGeneration, []byte(strconv.FormatUint(hw, 10)))
 	s.hwJournal = hw
 	return nil
 }

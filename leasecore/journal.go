@@ -20,7 +20,7 @@ import (
 // by every change that arrived while the previous one ran (group commit),
 // instead of a file fsync and a directory fsync per change.
 //
-// Layout of <state>/journal:
+// Layout of <state>/journal.0 and <state>/journal.1:
 //
 //	header: "LEASEFS-JOURNAL\n" (16 bytes), version (uint32 LE, 1), epoch
 //	        (uint64 LE), CRC-32C of the preceding 28 bytes (uint32 LE)
@@ -34,11 +34,20 @@ import (
 // Entries follow the header back to back. Replay reads entries until the
 // first one that is short, zero-length, oversized or fails its checksum: that
 // is the end of the journal (a torn tail of a crash mid-write, or an older
-// epoch's leftovers), and everything from there on is ignored. A checkpoint
-// makes the records themselves durable (syncfs(2) of the state filesystem)
-// and starts a new epoch, which invalidates every entry written before it.
+// epoch's leftovers), and everything from there on is ignored.
+//
+// The two files take turns. When the active one passes checkpointBytes,
+// the other starts the next epoch and takes the appends, while a background
+// checkpoint fdatasyncs every record changed in the finished epoch and the
+// directory; the finished file stays valid until that is done, and the turn
+// after waits for it. Replay applies the previous epoch, then the active
+// one. A full checkpoint (at open, at close, after a failed commit) syncs
+// every changed record and starts a new epoch in both files.
 const (
-	journalName    = "journal"
+	// journalNames are the two journal files: the active one and the
+	// previous epoch's, whose records a background checkpoint syncs.
+	journalName0 = "journal.0"
+	journalName1 = "journal.1"
 	journalMagic   = "LEASEFS-JOURNAL\n"
 	journalVersion = 1
 	journalHeader  = 32
@@ -153,8 +162,20 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 		off += n
 	}
 	j.off = int64(off)
-	torn = len(bytes.Trim(data[off:], "\x00")) > 0
+	torn = len(bytes.Trim(data[off:], "\x00")) > 0 && !olderEntry(data[off:], epoch)
 	return j, entries, torn, nil
+}
+
+// olderEntry reports whether data starts with a valid entry of one of the
+// epochs before epoch: what a reused journal file holds after the entries
+// of its current epoch.
+func olderEntry(data []byte, epoch uint64) bool {
+	for e := epoch - 1; e+8 >= epoch && e < epoch; e-- {
+		if _, n := parseEntry(data, e); n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // parseJournalHeader returns the epoch of a valid header at the start of
@@ -292,12 +313,14 @@ func (j *journal) write(buf []byte, off int64) error {
 	}
 }
 
-// reset starts a new epoch after a checkpoint made every appended change
-// durable in the records: it writes the header, fdatasyncs, and marks
-// everything appended durable. The caller holds the store's mu (no append
-// runs); reset waits for a running commit to end. Errors: the write or
-// sync error, leaving the journal broken.
-func (j *journal) reset() error {
+// reset starts epoch in this file, empty, with seq the sequence number of
+// the last entry appended anywhere before (sequence numbers run on across
+// the store's journal files): it writes the header, fdatasyncs, and marks
+// everything up to seq durable. It waits for a running commit to end; the
+// caller holds the store's mu (no append runs) and has made every entry of
+// this file's previous epoch redundant. Errors: the write or sync error,
+// leaving the journal broken.
+func (j *journal) reset(epoch, seq uint64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for j.syncing {
@@ -306,22 +329,17 @@ func (j *journal) reset() error {
 	var h [journalHeader]byte
 	copy(h[:], journalMagic)
 	binary.LittleEndian.PutUint32(h[16:], journalVersion)
-	binary.LittleEndian.PutUint64(h[20:], j.epoch+1)
+	binary.LittleEndian.PutUint64(h[20:], epoch)
 	binary.LittleEndian.PutUint32(h[28:], crc32.Checksum(h[:28], castagnoli))
-	err := j.write(h[:], 0)
-	if err == nil && j.size < journalChunk {
-		// write grew the file to one chunk at least.
-		err = errors.New("journal shorter than one chunk")
-	}
-	if err != nil {
+	if err := j.write(h[:], 0); err != nil {
 		j.err = &PersistError{Op: "sync", Path: j.f.Name(), Err: err}
 		j.cond.Broadcast()
 		return j.err
 	}
-	j.epoch++
+	j.epoch = epoch
 	j.off = journalHeader
 	j.buf = nil
-	j.durable = j.appended
+	j.appended, j.durable = seq, seq
 	j.err = nil
 	j.cond.Broadcast()
 	return nil

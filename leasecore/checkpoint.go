@@ -1,0 +1,271 @@
+package leasecore
+
+import (
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Checkpoints of the file store's journal (see journal.go for the format
+// and docs/PROTOCOL.md §4.3): the records changed in an epoch are
+// fdatasynced, one by one, and the directory once, so that the epoch's
+// entries are no longer needed.
+
+// backgroundCheckpoint syncs the records changed in a finished epoch while
+// the next epoch takes the appends. Its fields are written by its goroutine
+// before done is closed and read after.
+type backgroundCheckpoint struct {
+	ids  []string // records changed in the finished epoch
+	hw   uint64   // generation mark journaled up to then
+	done chan struct{}
+	err  error
+	// wroteHW: the generation file now holds hw.
+	wroteHW bool
+}
+
+// jnl returns the active journal, nil for a read-only store.
+func (s *FileStore) jnl() *journal { return s.jr.Load() }
+
+// await returns once every appended change is durable (persister).
+func (s *FileStore) await() (bool, error) {
+	j := s.jnl()
+	if j == nil {
+		return false, nil
+	}
+	return j.await(j.pending())
+}
+
+// journalReady is called before a change is appended. After a failed commit
+// it runs a full checkpoint; when the active journal has passed
+// checkpointBytes, it hands the appends to the other journal file and
+// checkpoints the finished epoch in the background. Errors: a
+// *PersistError; the change must then be refused. The caller holds mu but
+// not the store lock.
+func (s *FileStore) journalReady() error {
+	j := s.jnl()
+	switch {
+	case j.broken() != nil:
+		return s.fullCheckpoint()
+	case j.length() > s.checkpointAt:
+		return s.rotate()
+	}
+	return nil
+}
+
+// settleCheckpoint waits for the background checkpoint of the previous
+// epoch and accounts it; one that failed is run again here. Errors: the
+// retry's *PersistError (the previous epoch is then still needed). The
+// caller holds mu.
+func (s *FileStore) settleCheckpoint() error {
+	c := s.ckpt
+	if c == nil {
+		return nil
+	}
+	<-c.done
+	if c.err != nil {
+		c.err = s.syncRecords(c.ids)
+		if c.err != nil {
+			return c.err
+		}
+	}
+	if c.wroteHW {
+		s.hwSaved = max(s.hwSaved, c.hw)
+	}
+	s.ckpt = nil
+	return nil
+}
+
+// rotate makes the other journal file active with the next epoch, after
+// committing everything appended to the current one, and starts the
+// background checkpoint of the finished epoch. Errors: *PersistError. The
+// caller holds mu.
+func (s *FileStore) rotate() error {
+	if err := s.settleCheckpoint(); err != nil {
+		return err
+	}
+	j := s.jnl()
+	if _, err := j.await(j.pending()); err != nil {
+		return err
+	}
+	next := s.prev
+	if err := next.reset(j.epoch+1, j.pending()); err != nil {
+		return err
+	}
+	s.prev = j
+	s.jr.Store(next)
+	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), hw: s.hwJournal, done: make(chan struct{})}
+	s.dirty = make(map[string]struct{})
+	s.ckpt = c
+	hwSaved := s.hwSaved
+	go func() {
+		defer close(c.done)
+		if c.err = s.syncRecords(c.ids); c.err != nil {
+			return
+		}
+		if c.hw > hwSaved {
+			c.err = s.writeGeneration(c.hw)
+			c.wroteHW = c.err == nil
+		}
+	}()
+	return nil
+}
+
+// fullCheckpoint makes every change durable in the records — the
+// previous epoch's and the active one's records fdatasynced, the directory
+// synced, the generation file written — and starts new, empty epochs in
+// both journal files. Errors: *PersistError; the journal is then kept as
+// it is and still needed. The caller holds mu but not the store lock.
+func (s *FileStore) fullCheckpoint() error {
+	j := s.jnl()
+	// A broken journal may hold only part of what was appended: the
+	// records synced below hold it all.
+	_, _ = j.await(j.pending())
+	if err := s.settleCheckpoint(); err != nil {
+		return err
+	}
+	if err := s.syncRecords(slices.Collect(maps.Keys(s.dirty))); err != nil {
+		return err
+	}
+	if s.hwJournal > s.hwSaved {
+		if err := s.writeGeneration(s.hwJournal); err != nil {
+			return err
+		}
+		s.hwSaved = s.hwJournal
+	}
+	// The previous epoch first: while it is being reset, the active one
+	// still holds every entry it might be needed for.
+	epoch := max(j.epoch, s.prev.epoch) + 1
+	if err := s.prev.reset(epoch, j.pending()); err != nil {
+		return err
+	}
+	if err := j.reset(epoch+1, j.pending()); err != nil {
+		return err
+	}
+	s.dirty = make(map[string]struct{})
+	return nil
+}
+
+// syncRecords fdatasyncs the records of ids that exist and then the
+// records directory. A record exchanged meanwhile is covered by the active
+// epoch's entry. Errors: *PersistError with Op "sync".
+func (s *FileStore) syncRecords(ids []string) error {
+	for _, id := range ids {
+		path := filepath.Join(s.dir, id+".toml")
+		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err == nil {
+			err = unix.Fdatasync(int(f.Fd()))
+			f.Close()
+		}
+		if err != nil {
+			return &PersistError{Op: "sync", Path: path, Err: err}
+		}
+	}
+	if err := s.dirFile.Sync(); err != nil {
+		return &PersistError{Op: "sync", Path: s.dir, Err: err}
+	}
+	return nil
+}
+
+// writeGeneration replaces the generation file with hw durably.
+func (s *FileStore) writeGeneration(hw uint64) error {
+	data := []byte(strconv.FormatUint(hw, 10) + "\n")
+	return writeFile(s.stFile, filepath.Join(s.state, generationName), data)
+}
+
+// replayJournal applies the journals' entries — the previous epoch's, then
+// the active one's — on top of the records just read (docs/PROTOCOL.md
+// §4.3): they hold every acknowledged change that a crash may have kept out
+// of the records. A writable store rewrites those records and keeps the
+// journals open for appending; a read-only one only reads them. A torn tail
+// (a crash mid-write) is dropped and logged. Errors: opening a writable
+// store's journals.
+func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
+	var js [2]*journal
+	var entries [2][]journalEntry
+	for i, name := range []string{journalName0, journalName1} {
+		path := filepath.Join(s.state, name)
+		j, es, torn, err := openJournal(path, !s.opts.ReadOnly)
+		if err != nil {
+			for _, j := range js {
+				if j != nil {
+					j.close()
+				}
+			}
+			if s.opts.ReadOnly {
+				s.opts.Logger.Warn("cannot read the journal; the records may miss the latest changes", "path", path, "err", err)
+				return nil
+			}
+			return err
+		}
+		if torn && !s.opts.ReadOnly {
+			// A read-only store may see the tail that a serving daemon
+			// is writing: only a writable one, alone on the directory,
+			// knows it is torn.
+			s.opts.Logger.Warn("dropping the torn tail of the journal (a crash mid-write; nothing in it was acknowledged)", "path", path)
+		}
+		js[i], entries[i] = j, es
+	}
+	// The active journal has the higher epoch; the other one counts only
+	// when it holds the epoch just before.
+	active, prev := 0, 1
+	if js[1] != nil && (js[0] == nil || js[1].epoch > js[0].epoch) {
+		active, prev = 1, 0
+	}
+	var apply []journalEntry
+	if js[prev] != nil && js[active] != nil && js[prev].epoch+1 == js[active].epoch {
+		apply = append(apply, entries[prev]...)
+	}
+	if js[active] != nil {
+		apply = append(apply, entries[active]...)
+	}
+	if !s.opts.ReadOnly {
+		// putRecord below appends nothing, but uses the journal.
+		s.jr.Store(js[active])
+		s.prev = js[prev]
+	}
+	r := replay(apply, func(reason string) {
+		s.opts.Logger.Warn("skipping a malformed journal entry", "reason", reason)
+	})
+	for id := range r.removed {
+		delete(s.leases, id)
+		if !s.opts.ReadOnly {
+			if err := removeFile(filepath.Join(s.dir, id+".toml")); err != nil {
+				return err
+			}
+			s.dirty[id] = struct{}{}
+		}
+	}
+	for id, data := range r.records {
+		l, hash, err := decodeRecord(data)
+		if err != nil {
+			continue // reported by replay
+		}
+		s.addLoaded(l, hash, now, mono)
+		if !s.opts.ReadOnly {
+			if err := s.putRecord(id, data); err != nil {
+				return err
+			}
+		}
+	}
+	s.hw = max(s.hw, r.hw)
+	if s.opts.ReadOnly {
+		for _, j := range js {
+			if j != nil {
+				j.close()
+			}
+		}
+		return nil
+	}
+	s.hwJournal = r.hw
+	return nil
+}
