@@ -46,8 +46,8 @@ import (
 const (
 	// journalNames are the two journal files: the active one and the
 	// previous epoch's, whose records a background checkpoint syncs.
-	journalName0 = "journal.0"
-	journalName1 = "journal.1"
+	journalName0   = "journal.0"
+	journalName1   = "journal.1"
 	journalMagic   = "LEASEFS-JOURNAL\n"
 	journalVersion = 1
 	journalHeader  = 32
