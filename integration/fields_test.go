@@ -48,11 +48,16 @@ func TestListJSONMatchesStatusDocument(t *testing.T) {
 	waitWaiters(t, p, 1)
 
 	st, doc := statusDoc(t, p)
-	entries := liveLeases(t, d.state, "busy")
-	if len(entries) != 1 {
-		t.Fatalf("ls --json lists %d leases on busy, want 1", len(entries))
-	}
-	js := entries[0]
+	// The daemon publishes waiter counts for ls just after they change.
+	var js map[string]any
+	eventually(t, 10*time.Second, "ls --json shows the waiter", func() (bool, string) {
+		entries := liveLeases(t, d.state, "busy")
+		if len(entries) != 1 {
+			return false, fmt.Sprintf("ls --json lists %d leases on busy, want 1", len(entries))
+		}
+		js = entries[0]
+		return fmt.Sprint(js["waiters"]) == "1", fmt.Sprint(js)
+	})
 	want := slices.Sorted(slices.Values(docKeys(doc)))
 	if got := sortedKeys(js); !slices.Equal(got, want) {
 		t.Errorf("ls --json keys =\n%v\nstatus document keys =\n%v\n%s", got, want, doc)

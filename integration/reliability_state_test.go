@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"encoding/binary"
+	"hash/crc32"
 	"fmt"
 	"io/fs"
 	"os"
@@ -71,7 +73,7 @@ var tokenHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // stateDirFiles are the files a state directory may hold besides records.
 var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true,
-	"lease-duration": true, "waiters.toml": true}
+	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true}
 
 // scan inspects the state directory while no daemon runs: every record
 // version not seen before must parse and be well formed, no file may contain
@@ -169,6 +171,65 @@ func (sc *stateChecker) plantTempFile() string {
 	}
 	return p
 }
+
+// plantTornJournal imitates a crash in the middle of a journal write: after
+// the last valid entry of the active journal (the one with the higher epoch;
+// docs/PROTOCOL.md §4.3 gives the format) it writes the first half of an
+// entry. It returns whether it planted one. The next daemon must drop it,
+// say so in its log, and lose no acknowledged change.
+func (sc *stateChecker) plantTornJournal() bool {
+	var best string
+	var bestEpoch uint64
+	var bestEnd int
+	for _, name := range []string{"journal.0", "journal.1"} {
+		p := filepath.Join(sc.state, name)
+		data, err := os.ReadFile(p)
+		if err != nil || len(data) < 32 || string(data[:16]) != "LEASEFS-JOURNAL\n" ||
+			crc32.Checksum(data[:28], crc32c) != binary.LittleEndian.Uint32(data[28:]) {
+			continue
+		}
+		epoch := binary.LittleEndian.Uint64(data[20:])
+		if best != "" && epoch < bestEpoch {
+			continue
+		}
+		end := 32
+		for end+8 <= len(data) {
+			n := int(binary.LittleEndian.Uint32(data[end:]))
+			if n == 0 || end+8+n > len(data) {
+				break
+			}
+			var e [8]byte
+			binary.LittleEndian.PutUint64(e[:], epoch)
+			sum := crc32.Update(crc32.Checksum(e[:], crc32c), crc32c, data[end+8:end+8+n])
+			if sum != binary.LittleEndian.Uint32(data[end+4:]) {
+				break
+			}
+			end += 8 + n
+		}
+		best, bestEpoch, bestEnd = p, epoch, end
+	}
+	if best == "" {
+		return false
+	}
+	f, err := os.OpenFile(best, os.O_WRONLY, 0)
+	if err != nil {
+		sc.add("state directory unwritable", "%v", err)
+		return false
+	}
+	defer f.Close()
+	torn := make([]byte, 8, 8+40)
+	binary.LittleEndian.PutUint32(torn, 400) // promises 400 bytes, writes 40
+	binary.LittleEndian.PutUint32(torn[4:], 0xdeadbeef)
+	torn = append(torn, "Rlease_id = \"lease-torn\"\nthread = \"mx/"...)
+	if _, err := f.WriteAt(torn, int64(bestEnd)); err != nil {
+		sc.add("state directory unwritable", "%v", err)
+		return false
+	}
+	return true
+}
+
+// crc32c is the CRC-32C table of the journal's checksums.
+var crc32c = crc32.MakeTable(crc32.Castagnoli)
 
 // relLeasesDir is the records directory of a state directory (docs/PROTOCOL.md §4.3).
 const relLeasesDir = "writer-leases"

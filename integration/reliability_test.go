@@ -232,7 +232,8 @@ func findTokens(text string, tokens map[string]bool) []string {
 // and mountpoint each time. After every crash and restart it checks that the
 // store loads, that every change a syscall acknowledged before the crash is in
 // the records, that no record is half-written and no temporary file survives
-// the restart, that no token is stored, and that token leases keep their
+// the restart, that a torn journal tail planted after some crashes is
+// dropped, that no token is stored, and that token leases keep their
 // heartbeat across the restart; at the end it checks mutual exclusion over the
 // whole run.
 func TestReliabilityDaemonCrash(t *testing.T) {
@@ -258,7 +259,7 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 	var kills []int64
 	var stderrs []string
 	var restarts []restartSnapshot
-	planted := 0
+	planted, tornTails := 0, 0
 	for len(kills) < crashes {
 		time.Sleep(time.Duration(600+rand.IntN(1000)) * time.Millisecond)
 		wallKill, kill := time.Now(), monoNow()
@@ -276,15 +277,25 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 			t.Fatalf("reading client logs: %v", err)
 		}
 		leftovers := sc.scan(h.tokens())
+		tornPlanted := false
 		if len(kills)%10 == 0 {
 			if p := sc.plantTempFile(); p != "" {
 				leftovers = append(leftovers, p)
 				planted++
 			}
 		}
+		if len(kills)%5 == 2 {
+			tornPlanted = sc.plantTornJournal()
+		}
 		before := lsStateJSON(t, state)
 
 		d = startDaemon(t, daemonOpts{mountpoint: mp, state: state, leaseDuration: relLease})
+		if tornPlanted {
+			tornTails++
+			if !strings.Contains(d.stderr(), "dropping the torn tail of the journal") {
+				sc.add("torn journal tail not detected", "crash %d: the restarted daemon did not log dropping it", len(kills))
+			}
+		}
 		after := lsStateJSON(t, state)
 		restarts = append(restarts, restartSnapshot{kill: kill, wallKill: wallKill, listed: monoNow(), before: before, after: after})
 		for _, p := range leftovers {
@@ -319,6 +330,7 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 	recordFigure("daemon crashes", "record files parsed", sc.parsed)
 	recordFigure("daemon crashes", "temporary files left by a crash, removed at restart", sc.tempSeen)
 	recordFigure("daemon crashes", "half-written pending records planted, removed at restart", planted)
+	recordFigure("daemon crashes", "torn journal tails planted, dropped at restart", tornTails)
 	recordFigure("daemon crashes", "token leases whose heartbeat was compared across a restart", sc.heartbeats)
 	recordFigure("daemon crashes", "violations", len(sc.violations))
 	if len(sc.violations) > 0 {

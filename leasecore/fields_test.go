@@ -183,10 +183,16 @@ func TestWaitersArePublished(t *testing.T) {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 2
 	})
-	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
-	if l, err := ro.Live(ctx, "x"); err != nil || l.Waiters != 2 {
-		t.Errorf("read-only Live = %+v, %v; want 2 waiters", l, err)
-	}
+	// The daemon's writer publishes the counts soon after they change.
+	waitFor(t, "two waiters in a read-only store", func() bool {
+		ro, err := OpenFileStore(state, Options{Clock: clock, ReadOnly: true, Logger: quietLogger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ro.Close()
+		l, err := ro.Live(ctx, "x")
+		return err == nil && l.Waiters == 2
+	})
 	noDaemon := openStore(t, state, Options{Clock: clock, ReadOnly: true, NoDaemon: true})
 	if l, err := noDaemon.Live(ctx, "x"); err != nil || l.Waiters != 0 {
 		t.Errorf("read-only Live without a daemon = %+v, %v; want no waiters", l, err)
@@ -197,9 +203,10 @@ func TestWaitersArePublished(t *testing.T) {
 			t.Errorf("cancelled Acquire = %v, want context.Canceled", err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(state, waitersName)); !os.IsNotExist(err) {
-		t.Errorf("waiters file after the last waiter left: %v", err)
-	}
+	waitFor(t, "the waiters file removed after the last waiter left", func() bool {
+		_, err := os.Stat(filepath.Join(state, waitersName))
+		return os.IsNotExist(err)
+	})
 }
 
 // waitFor polls cond until it holds; the 10 s bound is a guard against a

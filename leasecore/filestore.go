@@ -65,6 +65,8 @@ type FileStore struct {
 	checkpointAt int64
 	// pool holds the spare files that putRecord writes into. Guarded by mu.
 	pool filePool
+	// waiters writes the waiters file of a writable store.
+	waiters waitersWriter
 	// hwJournal is the generation mark last appended to the journal; the
 	// next checkpoint writes it to the generation file.
 	hwJournal uint64
@@ -117,6 +119,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("cannot checkpoint the journal at start; changes will retry", "err", err)
 		}
+		s.startWaitersWriter()
 		s.startReaper()
 	}
 	return s, nil
@@ -191,6 +194,7 @@ func (s *FileStore) settleDuration(adopt bool) error {
 // hold the state (and the reference store or an older leasefs reads it
 // whole), and releases the store's files (persister).
 func (s *FileStore) close() {
+	s.stopWaitersWriter()
 	if s.jnl() != nil {
 		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("closing the store: checkpoint failed; the journal is replayed at the next start", "err", err)

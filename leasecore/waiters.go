@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/BurntSushi/toml"
 )
@@ -20,10 +21,71 @@ import (
 // and ignored when no daemon serves the directory.
 const waitersName = "waiters.toml"
 
-// publishWaiters rewrites the waiters file with counts (temporary file and
-// rename, no fsync; persister). Failures are logged at debug level only:
-// the counts are informational.
+// publishWaiters hands counts to the waiters writer, which rewrites the
+// waiters file with the latest counts it was given (persister). It never
+// blocks: a burst of enqueues and grants costs one rewrite, off the
+// store's mutex.
 func (s *FileStore) publishWaiters(counts map[string]int) {
+	s.waiters.mu.Lock()
+	s.waiters.next, s.waiters.pending = counts, true
+	s.waiters.mu.Unlock()
+	select {
+	case s.waiters.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitersWriter is the goroutine that writes the waiters file, started by
+// a writable store and stopped by close.
+type waitersWriter struct {
+	mu      sync.Mutex
+	next    map[string]int // the counts to write
+	pending bool           // next has not been written
+	kick    chan struct{}  // capacity 1
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// startWaitersWriter starts the goroutine that writes the waiters file.
+func (s *FileStore) startWaitersWriter() {
+	s.waiters.kick = make(chan struct{}, 1)
+	s.waiters.stop = make(chan struct{})
+	s.waiters.done = make(chan struct{})
+	go func() {
+		defer close(s.waiters.done)
+		for {
+			select {
+			case <-s.waiters.stop:
+				return
+			case <-s.waiters.kick:
+			}
+			s.waiters.mu.Lock()
+			counts, pending := s.waiters.next, s.waiters.pending
+			s.waiters.pending = false
+			s.waiters.mu.Unlock()
+			if pending {
+				s.writeWaiters(counts)
+			}
+		}
+	}()
+}
+
+// stopWaitersWriter stops the writer; the file is removed, since the
+// waiters die with the daemon.
+func (s *FileStore) stopWaitersWriter() {
+	if s.waiters.stop == nil {
+		return
+	}
+	close(s.waiters.stop)
+	<-s.waiters.done
+	s.waiters.stop = nil
+	s.removeWaiters()
+}
+
+// writeWaiters rewrites the waiters file with counts (temporary file and
+// rename, no fsync). Failures are logged at debug level only: the counts
+// are informational.
+func (s *FileStore) writeWaiters(counts map[string]int) {
 	path := filepath.Join(s.state, waitersName)
 	if len(counts) == 0 {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
