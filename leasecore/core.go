@@ -3,6 +3,7 @@ package leasecore
 import (
 	"cmp"
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -297,8 +298,37 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 			"generation", l.Generation, "status", status, "reason", reason)
 	}
 	s.feed.publish(Event{Kind: EventEnded, Change: change, Lease: s.snapshot(e)})
-	s.queues.wakeHead(l.Resource)
+	s.handOff(l.Resource)
 	return nil
+}
+
+// handOff grants a free resource to its first waiter (docs/PROTOCOL.md §6:
+// first come, first served): it reserves the name for the head waiter's
+// draft under the same hold of mu that freed it, so no other caller can
+// take the name in between, and wakes the waiter with the outcome. A head
+// whose reservation fails (its uid's quota, a namespace gone) is woken with
+// the error and the next one is tried. The caller holds mu.
+func (s *store) handOff(resource string) {
+	for {
+		w := s.queues.head(resource)
+		if w == nil || s.live[resource] != nil || s.closed {
+			return
+		}
+		g, err := s.reserveLocked(w.draft)
+		if errors.Is(err, ErrHeld) {
+			return // ended a dead lease that handed off in turn
+		}
+		s.queues.remove(resource, w)
+		s.disk.publishWaiters(s.queues.counts())
+		if err == nil {
+			g.Lease.Waiters = s.queues.count(resource)
+		}
+		w.done, w.grant, w.err = true, g, err
+		w.signal()
+		if err == nil {
+			return
+		}
+	}
 }
 
 // syncLocked writes the records of leases ended in memory only. The caller

@@ -109,31 +109,36 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 	}
 	var w *waiter
 	defer func() {
-		if w != nil {
+		if w != nil && !w.done {
+			// Interrupted or closed: leave the queue, and let the next
+			// waiter have the name if it is free.
 			s.queues.remove(d.Resource, w)
 			s.disk.publishWaiters(s.queues.counts())
+			s.handOff(d.Resource)
 		}
 	}()
 	for {
-		if s.closed {
+		switch {
+		case s.closed:
 			return Grant{}, ErrClosed
-		}
-		if w == nil && s.queues.count(d.Resource) == 0 || w != nil && s.queues.isHead(d.Resource, w) {
-			g, err := s.reserveLocked(d)
-			if err == nil && w != nil {
-				// The granted waiter leaves the queue: count only those
-				// still behind it.
-				s.queues.remove(d.Resource, w)
-				s.disk.publishWaiters(s.queues.counts())
-				w = nil
-				g.Lease.Waiters = s.queues.count(d.Resource)
+		case w != nil && w.done:
+			if ctx.Err() != nil && w.err == nil {
+				// Granted while the caller gave up: nobody will use the
+				// lease, so end it, which hands the name on.
+				if e := s.leases[w.grant.Lease.ID]; e != nil && e.lease.Status == StatusActive {
+					_ = s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "granted to a waiter that gave up", true)
+				}
+				return Grant{}, ctx.Err()
 			}
+			return w.grant, w.err
+		case w == nil && s.queues.count(d.Resource) == 0:
+			g, err := s.reserveLocked(d)
 			if !errors.Is(err, ErrHeld) {
 				return g, err
 			}
 		}
 		if w == nil {
-			w = s.queues.enqueue(d.Resource)
+			w = s.queues.enqueue(d.Resource, d)
 			s.disk.publishWaiters(s.queues.counts())
 		}
 		s.mu.Unlock()
@@ -142,7 +147,7 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 		case <-w.turn:
 		}
 		s.mu.Lock()
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !w.done {
 			return Grant{}, ctx.Err()
 		}
 	}

@@ -7,19 +7,36 @@ import "slices"
 // mutex: not safe for concurrent use on their own.
 type waitQueues map[string][]*waiter
 
-// waiter is one blocked Acquire. turn is signalled (buffered 1) when the
-// waiter should look at the name again: it became the head, or the lease
-// it waits on ended.
-type waiter struct{ turn chan struct{} }
+// waiter is one blocked Acquire. When the name is freed, the store
+// reserves it for the head waiter at once, under the same hold of its
+// mutex (baton passing), so that no other caller can take the name in
+// between: it sets done with the outcome and signals turn (buffered 1).
+// turn is also signalled when the waiter should look again (the store is
+// closing). Fields are guarded by the store's mutex.
+type waiter struct {
+	turn  chan struct{}
+	draft Draft
+	done  bool
+	grant Grant
+	err   error
+}
 
-// enqueue appends a new waiter to resource's queue.
-func (q waitQueues) enqueue(resource string) *waiter {
-	w := &waiter{turn: make(chan struct{}, 1)}
+// enqueue appends a new waiter for draft d to resource's queue.
+func (q waitQueues) enqueue(resource string, d Draft) *waiter {
+	w := &waiter{turn: make(chan struct{}, 1), draft: d}
 	q[resource] = append(q[resource], w)
 	return w
 }
 
-// remove takes w out of resource's queue and signals the new head.
+// head returns the first waiter of resource, nil if none.
+func (q waitQueues) head(resource string) *waiter {
+	if ws := q[resource]; len(ws) > 0 {
+		return ws[0]
+	}
+	return nil
+}
+
+// remove takes w out of resource's queue.
 func (q waitQueues) remove(resource string, w *waiter) {
 	rest := slices.DeleteFunc(q[resource], func(x *waiter) bool { return x == w })
 	if len(rest) == 0 {
@@ -27,7 +44,14 @@ func (q waitQueues) remove(resource string, w *waiter) {
 		return
 	}
 	q[resource] = rest
-	q.wakeHead(resource)
+}
+
+// signal wakes w.
+func (w *waiter) signal() {
+	select {
+	case w.turn <- struct{}{}:
+	default:
+	}
 }
 
 // isHead reports whether w is first in resource's queue.
@@ -46,16 +70,6 @@ func (q waitQueues) counts() map[string]int {
 		out[r] = len(ws)
 	}
 	return out
-}
-
-// wakeHead signals the first waiter of resource, if any.
-func (q waitQueues) wakeHead(resource string) {
-	if ws := q[resource]; len(ws) > 0 {
-		select {
-		case ws[0].turn <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // wakeAll signals every waiter (the store is closing).

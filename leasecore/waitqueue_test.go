@@ -1,0 +1,95 @@
+package leasecore
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+// The end of a lease hands the name to the first waiter before the end
+// returns: a caller that reserves right after it finds the name held by
+// that waiter, and cannot overtake the queue.
+func TestEndHandsOffToTheFirstWaiter(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	holder := reserve(t, s, "x")
+	type result struct {
+		g   Grant
+		err error
+	}
+	results := make(chan result, 2)
+	for pid := 101; pid <= 102; pid++ {
+		go func() {
+			g, err := s.Acquire(ctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: pid, Mode: ModeHandle})
+			results <- result{g, err}
+		}()
+		want := pid - 100
+		waitFor(t, "the waiter queued", func() bool {
+			l, err := s.Live(ctx, "x")
+			return err == nil && l.Waiters == want
+		})
+	}
+	if _, err := s.End(ctx, holder.Lease.ID, StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Live(ctx, "x")
+	if err != nil || l.HolderPID != 101 {
+		t.Fatalf("right after the end, Live(x) = pid %d, %v; want the first waiter's (101)", l.HolderPID, err)
+	}
+	var held *LeaseHeldError
+	if _, err := s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 999}); !errors.As(err, &held) || held.Holder.HolderPID != 101 {
+		t.Errorf("a reserve right after the end = %v, want held by the first waiter", err)
+	}
+	first := <-results
+	if first.err != nil || first.g.Lease.HolderPID != 101 || first.g.Lease.Waiters != 1 {
+		t.Fatalf("first waiter = %+v, %v; want granted with 1 waiter behind", first.g.Lease, first.err)
+	}
+	if _, err := s.End(ctx, first.g.Lease.ID, StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	second := <-results
+	if second.err != nil || second.g.Lease.HolderPID != 102 {
+		t.Errorf("second waiter = %+v, %v; want granted", second.g.Lease, second.err)
+	}
+}
+
+// A waiter that gives up leaves the queue, and the name goes to the next.
+func TestCancelledWaiterPassesTheName(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	holder := reserve(t, s, "x")
+	cctx, cancel := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(cctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 101})
+		gaveUp <- err
+	}()
+	waitFor(t, "the first waiter queued", func() bool {
+		l, err := s.Live(ctx, "x")
+		return err == nil && l.Waiters == 1
+	})
+	next := make(chan Grant, 1)
+	go func() {
+		g, err := s.Acquire(ctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 102})
+		if err != nil {
+			t.Error(err)
+		}
+		next <- g
+	}()
+	waitFor(t, "the second waiter queued", func() bool {
+		l, err := s.Live(ctx, "x")
+		return err == nil && l.Waiters == 2
+	})
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter = %v", err)
+	}
+	if _, err := s.End(ctx, holder.Lease.ID, StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-next; g.Lease.HolderPID != 102 {
+		t.Errorf("the name went to pid %d, want 102", g.Lease.HolderPID)
+	}
+}
