@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -49,7 +50,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	cfg := config{quick: *quick, out: *out, duration: *dur, warmup: *warm, killN: 100,
 		scaleNs: []int{100, 1000, 10000, 100000}, reserveN: 200}
 	if *quick {
-		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN = 150*time.Millisecond, 30*time.Millisecond, 5, 20
+		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN = 200*time.Millisecond, 50*time.Millisecond, 5, 20
 		cfg.scaleNs = []int{100, 1000}
 	}
 	if *only != "" {
@@ -165,20 +166,27 @@ type result struct {
 type cycle func() error
 
 // runCell runs clients goroutines, each on its own locked OS thread, each
-// calling the cycle that setup(i) returned in a loop: first for warmup,
-// then for duration with every latency recorded. setup runs on the
-// client's thread; teardown, when set, after the loop on the same thread.
+// calling the cycle that setup(i) returned in a loop: first for the
+// warm-up, then for the measured window. A cycle counts, with its latency,
+// when it completes inside the window; when fewer than clients cycles have
+// completed by the window's end (cycles slower than the window), the window
+// is extended until that many have. ops/s is the count over the window's
+// length. setup runs on the client's thread, teardown (when not nil) after
+// the loop on the same thread.
 func (b *bench) runCell(clients int, setup func(i int) (cycle, func(), error)) (result, error) {
 	type clientOut struct {
-		lat    []time.Duration
-		failed int
-		err    error
-		first  error
+		lat     []time.Duration
+		failed  int
+		err     error
+		first   error
+		lastEnd time.Time
 	}
 	outs := make([]clientOut, clients)
 	var ready, done sync.WaitGroup
 	startC := make(chan struct{})
 	var measureFrom, measureTo time.Time
+	var counted atomic.Int64
+	minCount := int64(clients)
 	ready.Add(clients)
 	done.Add(clients)
 	for i := range clients {
@@ -200,14 +208,16 @@ func (b *bench) runCell(clients int, setup func(i int) (cycle, func(), error)) (
 			o.lat = make([]time.Duration, 0, 4096)
 			for {
 				t0 := time.Now()
-				if t0.After(measureTo) || b.ctx.Err() != nil {
+				if b.ctx.Err() != nil || (!t0.Before(measureTo) && counted.Load() >= minCount) {
 					return
 				}
 				err := c()
-				d := time.Since(t0)
-				if t0.Before(measureFrom) {
+				end := time.Now()
+				if end.Before(measureFrom) || (!end.Before(measureTo) && counted.Load() >= minCount) {
 					continue
 				}
+				counted.Add(1)
+				o.lastEnd = end
 				if err != nil {
 					o.failed++
 					if o.first == nil {
@@ -215,18 +225,18 @@ func (b *bench) runCell(clients int, setup func(i int) (cycle, func(), error)) (
 					}
 					continue
 				}
-				o.lat = append(o.lat, d)
+				o.lat = append(o.lat, end.Sub(t0))
 			}
 		}()
 	}
 	ready.Wait()
-	now := time.Now()
-	measureFrom = now.Add(b.cfg.warmup)
+	measureFrom = time.Now().Add(b.cfg.warmup)
 	measureTo = measureFrom.Add(b.cfg.duration)
 	close(startC)
 	done.Wait()
 	var res result
 	var all []time.Duration
+	windowEnd := measureTo
 	for _, o := range outs {
 		if o.err != nil {
 			return result{}, o.err
@@ -236,9 +246,12 @@ func (b *bench) runCell(clients int, setup func(i int) (cycle, func(), error)) (
 		if res.firstErr == nil {
 			res.firstErr = o.first
 		}
+		if o.lastEnd.After(windowEnd) {
+			windowEnd = o.lastEnd
+		}
 	}
 	res.n = len(all)
-	res.ops = float64(len(all)) / b.cfg.duration.Seconds()
+	res.ops = float64(len(all)) / windowEnd.Sub(measureFrom).Seconds()
 	res.p50, res.p99 = quantile(all, 0.50), quantile(all, 0.99)
 	return res, nil
 }
@@ -290,14 +303,7 @@ func (b *bench) cellRowNote(id, name string, setup func(clients, i int) (cycle, 
 }
 
 // find returns the row with id and clients.
-func (b *bench) find(id string, clients int) (row, bool) {
-	for _, r := range b.rows {
-		if r.id == id && r.clients == clients {
-			return r, true
-		}
-	}
-	return row{}, false
-}
+func (b *bench) find(id string, clients int) (row, bool) { return findRow(b.rows, id, clients) }
 
 // runAll runs every selected group of rows in table order.
 func (b *bench) runAll() error {

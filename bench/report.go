@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"text/tabwriter"
+	"text/template"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,13 +44,13 @@ func (t target) line() string {
 	}
 	goal := fmt.Sprintf("%s %g%s", cmp, t.goal, t.unit)
 	if t.missing != "" {
-		return fmt.Sprintf("%-4s  %-66s  %-12s (target %s)", t.verdict(), t.what, "not run", goal) + ": " + t.missing
+		return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, "not run", goal) + ": " + t.missing
 	}
 	val := fmt.Sprintf("%.2f%s", t.value, t.unit)
 	if t.unit == "" {
 		val = fmt.Sprintf("%.2f", t.value)
 	}
-	return fmt.Sprintf("%-4s  %-66s  %-12s (target %s)", t.verdict(), t.what, val, goal)
+	return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, val, goal)
 }
 
 // report is the finished run.
@@ -309,14 +310,55 @@ var series = []struct {
 	{"6e", "Redis appendfsync everysec (6e)", "#ff7f0e", true},
 }
 
+// chartTmpl is the SVG of the throughput chart; chartData fills it.
+var chartTmpl = template.Must(template.New("chart").Parse(`<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" font-family="sans-serif" font-size="12">
+<rect width="{{.W}}" height="{{.H}}" fill="white"/>
+<text x="{{.Left}}" y="22" font-size="15" font-weight="bold">Throughput against concurrent clients (log–log)</text>
+{{range .YTicks}}<line x1="{{$.Left}}" y1="{{printf "%.1f" .Y}}" x2="{{$.Right}}" y2="{{printf "%.1f" .Y}}" stroke="{{if .Label}}#cccccc{{else}}#eeeeee{{end}}"/>
+{{if .Label}}<text x="{{$.LabelX}}" y="{{printf "%.1f" .Y}}" text-anchor="end" dominant-baseline="middle">{{.Label}}</text>
+{{end}}{{end}}{{range .XTicks}}<line x1="{{printf "%.1f" .X}}" y1="{{$.Top}}" x2="{{printf "%.1f" .X}}" y2="{{$.Bottom}}" stroke="#cccccc"/>
+<text x="{{printf "%.1f" .X}}" y="{{$.XLabelY}}" text-anchor="middle">{{.Label}}</text>
+{{end}}<rect x="{{.Left}}" y="{{.Top}}" width="{{.PlotW}}" height="{{.PlotH}}" fill="none" stroke="#333333"/>
+<text x="{{.MidX}}" y="{{.XTitleY}}" text-anchor="middle">concurrent clients</text>
+<text transform="translate(20 {{.MidY}}) rotate(-90)" text-anchor="middle">cycles per second</text>
+{{range $s := .Series}}<polyline points="{{.Points}}" fill="none" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
+{{range .Dots}}<circle cx="{{printf "%.1f" .X}}" cy="{{printf "%.1f" .Y}}" r="3" fill="{{$s.Color}}"/>
+{{end}}<line x1="{{$.LegendX}}" y1="{{.LY}}" x2="{{$.LegendX2}}" y2="{{.LY}}" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
+<text x="{{$.LegendTX}}" y="{{.LY}}" dominant-baseline="middle">{{.Label}}</text>
+{{end}}</svg>
+`))
+
+type chartPoint struct{ X, Y float64 }
+
+type chartTick struct {
+	X, Y  float64
+	Label string
+}
+
+type chartSeries struct {
+	Points, Color, Label string
+	Dashed               bool
+	Dots                 []chartPoint
+	LY                   int
+}
+
+type chartData struct {
+	W, H, Left, Right, Top, Bottom, PlotW, PlotH int
+	LabelX, XLabelY, MidX, MidY, XTitleY         int
+	LegendX, LegendX2, LegendTX                  int
+	YTicks, XTicks                               []chartTick
+	Series                                       []chartSeries
+}
+
 // chart draws throughput against clients, both axes logarithmic.
 func (r report) chart() ([]byte, error) {
-	const (
-		w, h                     = 760, 460
-		left, right, top, bottom = 80, 250, 40, 60
-		plotW, plotH             = w - left - right, h - top - bottom
-		maxClients               = 64.0
-	)
+	const maxClients = 64.0
+	d := chartData{W: 760, H: 460, Left: 80, Top: 40}
+	d.PlotW, d.PlotH = d.W-d.Left-250, d.H-d.Top-60
+	d.Right, d.Bottom = d.Left+d.PlotW, d.Top+d.PlotH
+	d.LabelX, d.XLabelY, d.MidX, d.MidY, d.XTitleY = d.Left-8, d.Bottom+18, d.Left+d.PlotW/2, d.Top+d.PlotH/2, d.H-18
+	d.LegendX = d.Right + 15
+	d.LegendX2, d.LegendTX = d.LegendX+24, d.LegendX+30
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range series {
 		for _, x := range r.rows {
@@ -332,64 +374,58 @@ func (r report) chart() ([]byte, error) {
 	if dhi <= dlo {
 		dhi = dlo + 1
 	}
-	xOf := func(c int) float64 { return left + math.Log(float64(c))/math.Log(maxClients)*plotW }
-	yOf := func(v float64) float64 { return top + (dhi-math.Log10(v))/(dhi-dlo)*plotH }
-	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", w, h, w, h)
-	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", w, h)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">Throughput against concurrent clients (log–log)</text>`+"\n", left)
-	for d := dlo; d <= dhi; d++ {
+	xOf := func(c int) float64 {
+		return float64(d.Left) + math.Log(float64(c))/math.Log(maxClients)*float64(d.PlotW)
+	}
+	yOf := func(v float64) float64 { return float64(d.Top) + (dhi-math.Log10(v))/(dhi-dlo)*float64(d.PlotH) }
+	for e := dlo; e <= dhi; e++ {
 		for _, m := range []float64{1, 2, 5} {
-			v := m * math.Pow(10, d)
-			if d == dhi && m > 1 {
+			if e == dhi && m > 1 {
 				break
 			}
-			y := yOf(v)
-			stroke := "#eeeeee"
+			t := chartTick{Y: yOf(m * math.Pow(10, e))}
 			if m == 1 {
-				stroke = "#cccccc"
-				fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`+"\n", left-8, y, siCount(v))
+				t.Label = siCount(math.Pow(10, e))
 			}
-			fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="%s"/>`+"\n", left, y, left+plotW, y, stroke)
+			d.YTicks = append(d.YTicks, t)
 		}
 	}
 	for _, c := range clientCounts {
-		x := xOf(c)
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#cccccc"/>`+"\n", x, top, x, top+plotH)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%d</text>`+"\n", x, top+plotH+18, c)
+		d.XTicks = append(d.XTicks, chartTick{X: xOf(c), Label: fmt.Sprint(c)})
 	}
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#333333"/>`+"\n", left, top, plotW, plotH)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">concurrent clients</text>`+"\n", left+plotW/2, h-18)
-	fmt.Fprintf(&b, `<text transform="translate(20 %d) rotate(-90)" text-anchor="middle">cycles per second</text>`+"\n", top+plotH/2)
-	ly := top + 10
+	ly := d.Top + 10
 	for _, s := range series {
+		cs := chartSeries{Color: s.color, Label: s.label, Dashed: s.dashed, LY: ly}
 		var pts []string
 		for _, c := range clientCounts {
-			for _, x := range r.rows {
-				if x.id == s.id && x.clients == c && x.ops > 0 {
-					pts = append(pts, fmt.Sprintf("%.1f,%.1f", xOf(c), yOf(x.ops)))
-				}
+			if x, ok := findRow(r.rows, s.id, c); ok && x.ops > 0 {
+				p := chartPoint{X: xOf(c), Y: yOf(x.ops)}
+				cs.Dots = append(cs.Dots, p)
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", p.X, p.Y))
 			}
 		}
 		if len(pts) == 0 {
 			continue
 		}
-		dash := ""
-		if s.dashed {
-			dash = ` stroke-dasharray="6 4"`
-		}
-		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s/>`+"\n", strings.Join(pts, " "), s.color, dash)
-		for _, p := range pts {
-			xy := strings.Split(p, ",")
-			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`+"\n", xy[0], xy[1], s.color)
-		}
-		lx := left + plotW + 15
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", lx, ly, lx+24, ly, s.color, dash)
-		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", lx+30, ly, s.label)
+		cs.Points = strings.Join(pts, " ")
+		d.Series = append(d.Series, cs)
 		ly += 20
 	}
-	b.WriteString("</svg>\n")
+	var b bytes.Buffer
+	if err := chartTmpl.Execute(&b, d); err != nil {
+		return nil, err
+	}
 	return b.Bytes(), nil
+}
+
+// findRow returns the row with id and clients.
+func findRow(rows []row, id string, clients int) (row, bool) {
+	for _, r := range rows {
+		if r.id == id && r.clients == clients {
+			return r, true
+		}
+	}
+	return row{}, false
 }
 
 // siCount prints a count as 1, 10, 100, 1k, 10k …
