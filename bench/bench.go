@@ -39,8 +39,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	quick := fl.Bool("quick", false, "tiny durations and sample counts (a smoke test, numbers meaningless)")
 	only := fl.String("only", "", "run only rows whose id or name matches this regular expression (e.g. '^1a|^4')")
 	out := fl.String("out", "", "directory for BENCHMARKS.md, with the chart in DIR/bench (default: the module root)")
-	dur := fl.Duration("duration", 1200*time.Millisecond, "measured time of one cell")
-	warm := fl.Duration("warmup", 250*time.Millisecond, "unmeasured warm-up of one cell")
+	dur := fl.Duration("duration", time.Second, "measured time of one cell")
+	warm := fl.Duration("warmup", 200*time.Millisecond, "unmeasured warm-up of one cell")
 	if err := fl.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -86,16 +86,18 @@ func moduleRoot() (string, error) {
 // bench holds one run: its temporary directory, the services it started
 // and the results so far. Not safe for concurrent use.
 type bench struct {
-	ctx    context.Context
-	cfg    config
-	log    io.Writer
-	tmp    string
-	root   string // module root
-	bin    string // the leasefs binary built from the tree
-	start  time.Time
-	rows   []row
-	extras map[string]float64 // named measurements for the targets
-	undo   []func()           // cleanups, run in reverse
+	ctx   context.Context
+	cfg   config
+	log   io.Writer
+	tmp   string
+	root  string // module root
+	bin   string // the leasefs binary built from the tree
+	start time.Time
+	// loadStart is /proc/loadavg when the run began: the machine is shared.
+	loadStart string
+	rows      []row
+	extras    map[string]float64 // named measurements for the targets
+	undo      []func()           // cleanups, run in reverse
 }
 
 func newBench(ctx context.Context, cfg config, log io.Writer) (*bench, error) {
@@ -107,7 +109,7 @@ func newBench(ctx context.Context, cfg config, log io.Writer) (*bench, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{ctx: ctx, cfg: cfg, log: log, tmp: tmp, root: root, start: time.Now(), extras: map[string]float64{}}
+	b := &bench{ctx: ctx, cfg: cfg, log: log, tmp: tmp, root: root, start: time.Now(), loadStart: loadAvg(), extras: map[string]float64{}}
 	b.defer_(func() { _ = os.RemoveAll(tmp) })
 	return b, nil
 }

@@ -146,11 +146,19 @@ func (b *bench) machine() [][2]string {
 		add("redis-server", strings.TrimSpace(string(out)))
 	}
 	add("etcd", "go.etcd.io/etcd/server/v3 v3.7.3 embedded, client/v3 v3.7.3; go-redis v9.23.0")
-	if la, err := os.ReadFile("/proc/loadavg"); err == nil {
-		add("load average at the end", strings.Join(strings.Fields(string(la))[:3], " "))
-	}
+	add("load average (1, 5, 15 min) at the start", b.loadStart)
+	add("load average (1, 5, 15 min) at the end", loadAvg())
 	add("date", b.start.UTC().Format("2006-01-02 15:04 MST"))
 	return m
+}
+
+// loadAvg returns the three load averages of /proc/loadavg.
+func loadAvg() string {
+	la, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(la)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }
 
 func cpuModel() string {
@@ -293,7 +301,7 @@ const rowsDoc = `
 - **4r** the durable write behind every store change: 300-byte temp file + fsync + rename + fsync of the directory. **4f** 300-byte pwrite at offset 0 + fdatasync of a preallocated file.
 - **5d, 5s** embedded etcd (one member, WAL fsync on), concurrency.Mutex Lock + Unlock per cycle, one session per client, on the client's own key (5d, compare with 1a) or on one shared key (5s, compare with 1d).
 - **6a, 6e** a private redis-server with appendonly yes and appendfsync always (6a) or everysec (6e): SET key val NX PX 30000 + DEL of the client's own key.
-- **7** N live token leases planted as records in a fresh state directory (the daemon's own record shape, §4.3), served with --lease-duration 1000h: start is spawn until statfs of the mountpoint answers as FUSE, RSS is VmRSS right after, readdir lists every name through the mount, ls is ` + "`leasefs ls --state`" + ` with the daemon running; p50/p99 are of open(O_CREAT|O_EXCL) alone among them.
+- **7** N live token leases planted as records in a fresh state directory (the daemon's own record shape, §4.3), served with --lease-duration 1000h: start is spawn until statfs of the mountpoint answers as FUSE, RSS is VmRSS right after, readdir lists every name through the mount, ls is ` + "`leasefs ls --state`" + ` with the daemon running; p50/p99 are of open(O_CREAT|O_EXCL) alone among them. readdir and ls are stopped after 20 s (shown as "> 20s (stopped)" and counted as 20 s), so a slow listing cannot stretch the run.
 - **8** a holder process flocks one name, a successor blocks in flock on it (seen in user.lease.waiters), the holder is SIGKILLed: the time until the successor's flock returns.
 `
 
