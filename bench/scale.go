@@ -235,6 +235,12 @@ func (b *bench) scaleOne(t recordTemplate, n int) error {
 	b.extras["7.rss."+key] = float64(rss)
 	b.extras["7.readdir."+key] = readdir.Seconds()
 	b.extras["7.ls."+key] = lsTook.Seconds()
+	if stopped {
+		b.extras["7.lsstopped."+key] = 1
+	}
+	if names < 0 {
+		b.extras["7.readdirstopped."+key] = 1
+	}
 	b.extras["7.p50."+key] = r.p50.Seconds()
 	b.logf("7   %-44s p50 %s p99 %s %s", r.name, fmtDur(r.p50), fmtDur(r.p99), r.note)
 	return nil
