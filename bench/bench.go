@@ -110,12 +110,12 @@ func newBench(ctx context.Context, cfg config, log io.Writer) (*bench, error) {
 		return nil, err
 	}
 	b := &bench{ctx: ctx, cfg: cfg, log: log, tmp: tmp, root: root, start: time.Now(), loadStart: loadAvg(), extras: map[string]float64{}}
-	b.defer_(func() { _ = os.RemoveAll(tmp) })
+	b.onClose(func() { _ = os.RemoveAll(tmp) })
 	return b, nil
 }
 
-// defer_ registers f to run at close, before the cleanups registered earlier.
-func (b *bench) defer_(f func()) { b.undo = append(b.undo, f) }
+// onClose registers f to run at close, before the cleanups registered earlier.
+func (b *bench) onClose(f func()) { b.undo = append(b.undo, f) }
 
 // close runs every cleanup, newest first.
 func (b *bench) close() {

@@ -79,7 +79,7 @@ func (b *bench) spawn(name, mp string, cmd *exec.Cmd) (*child, error) {
 		_ = cmd.Wait()
 		close(c.exited)
 	}()
-	b.defer_(c.stop)
+	b.onClose(c.stop)
 	return c, nil
 }
 

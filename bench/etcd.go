@@ -50,7 +50,7 @@ func (b *bench) startEtcd() (*clientv3.Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start etcd: %w", err)
 	}
-	b.defer_(e.Close)
+	b.onClose(e.Close)
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
@@ -62,7 +62,7 @@ func (b *bench) startEtcd() (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	b.defer_(func() { _ = cli.Close() })
+	b.onClose(func() { _ = cli.Close() })
 	return cli, nil
 }
 

@@ -52,7 +52,7 @@ func (b *bench) startRedis(bin, fsyncPolicy string) (*redis.Client, error) {
 		return nil, err
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), PoolSize: 80, MinIdleConns: 64})
-	b.defer_(func() { _ = rdb.Close() })
+	b.onClose(func() { _ = rdb.Close() })
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(b.ctx, time.Second)
