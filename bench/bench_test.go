@@ -33,6 +33,7 @@ func TestQuickSmoke(t *testing.T) {
 		}
 		t.Skip("needs root and /dev/fuse")
 	}
+	before := benchMounts()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -40,6 +41,9 @@ func TestQuickSmoke(t *testing.T) {
 	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3c|4r|4f|8)$`, "-out", out}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if left := benchMounts() - before; left > 0 {
+		t.Errorf("%d mounts of the run are left in /proc/self/mountinfo", left)
 	}
 	table := stdout.String()
 	for _, id := range []string{"1a", "2", "3a", "3c", "4r", "4f"} {
@@ -77,6 +81,17 @@ func TestQuickSmoke(t *testing.T) {
 	if !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("<polyline")) {
 		t.Errorf("throughput.svg has no chart line:\n%.400s", svg)
 	}
+}
+
+// benchMounts counts the mounts inside temporary directories of the command.
+func benchMounts() int {
+	n := 0
+	for _, m := range mounts() {
+		if strings.Contains(m.point, "/leasefs-bench-") {
+			n++
+		}
+	}
+	return n
 }
 
 func fileExists(p string) bool {

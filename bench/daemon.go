@@ -201,16 +201,6 @@ func abortConnection(mp string) {
 	}
 }
 
-// mounted reports whether mp is a mount point in /proc/self/mountinfo.
-func mounted(mp string) bool {
-	for _, m := range mounts() {
-		if m.point == mp {
-			return true
-		}
-	}
-	return false
-}
-
 // leasefsDaemon is a running "leasefs mount" with its paths.
 type leasefsDaemon struct {
 	*child

@@ -100,10 +100,8 @@ func handleCycle(mp, prefix string) func(clients, i int) (cycle, func(), error) 
 // grantLog collects the wait and hold of every blocking lock of row 1d.
 // Safe for concurrent use.
 type grantLog struct {
-	mu     sync.Mutex
-	recs   []grantRec
-	from   time.Time // records before it (the warm-up) are dropped
-	failed int
+	mu   sync.Mutex
+	recs []grantRec
 }
 
 type grantRec struct {

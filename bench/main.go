@@ -49,11 +49,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0) // the flag package printed the usage
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "bench:", err)
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
-		}
 		os.Exit(1)
 	}
 }
