@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary play the helper roles the command
+// re-executes itself for (the in-memory FUSE server, the flock holder).
+func TestMain(m *testing.M) {
+	if role := os.Getenv(roleEnv); role != "" {
+		os.Exit(runRole(role, os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// TestQuickSmoke runs the command with -quick on its cheapest rows (the
+// leasefs lease cycle and the kill-to-grant row through a real mount, the
+// in-process store, the in-memory FUSE ceiling, the fsync floors) and checks
+// that the table has every row with non-zero numbers and that the report
+// files are written. It asserts no timing.
+func TestQuickSmoke(t *testing.T) {
+	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
+		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
+			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
+		}
+		t.Skip("needs root and /dev/fuse")
+	}
+	before := benchMounts()
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3c|4r|4f|8)$`, "-out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	if left := benchMounts() - before; left > 0 {
+		t.Errorf("%d mounts of the run are left in /proc/self/mountinfo", left)
+	}
+	table := stdout.String()
+	for _, id := range []string{"1a", "2", "3a", "3c", "4r", "4f"} {
+		for _, n := range clientCounts {
+			re := regexp.MustCompile(`(?m)^` + id + `\s+.*?\s+` + strconv.Itoa(n) + `\s+(\d+)\s+(\S+)\s+(\S+)`)
+			m := re.FindStringSubmatch(table)
+			if m == nil {
+				t.Errorf("no row %s with %d clients in the table:\n%s", id, n, table)
+				continue
+			}
+			if m[1] == "0" || m[2] == "-" || m[3] == "-" {
+				t.Errorf("row %s, %d clients: ops/s %s p50 %s p99 %s, want non-zero numbers", id, n, m[1], m[2], m[3])
+			}
+		}
+	}
+	if !regexp.MustCompile(`(?m)^8\s+.*\s+-\s+-\s+\d\S*s\s+\d\S*s\s`).MatchString(table) {
+		t.Errorf("no kill-to-grant row 8 with latencies in the table:\n%s", table)
+	}
+	if !strings.Contains(table, "Targets") {
+		t.Errorf("no targets under the table:\n%s", table)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Machine", "| CPU |", "| kernel |", "| temp dir filesystem |", "| Go |", "| 1a |", "throughput.svg"} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("BENCHMARKS.md lacks %q", want)
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "bench", "throughput.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("<polyline")) {
+		t.Errorf("throughput.svg has no chart line:\n%.400s", svg)
+	}
+}
+
+// benchMounts counts the mounts inside temporary directories of the command.
+func benchMounts() int {
+	n := 0
+	for _, m := range mounts() {
+		if strings.Contains(m.point, "/leasefs-bench-") {
+			n++
+		}
+	}
+	return n
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}

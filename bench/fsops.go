@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// leaseCycle is row 1a on the mount mp: open(O_CREAT|O_EXCL|O_RDWR) of the
+// client's own name, read the token, close, unlink (docs/PROTOCOL.md §3).
+func leaseCycle(mp, prefix string) func(clients, i int) (cycle, func(), error) {
+	return func(clients, i int) (cycle, func(), error) {
+		p := filepath.Join(mp, fmt.Sprintf("%s%d-%d", prefix, clients, i))
+		buf := make([]byte, 256)
+		return func() error {
+			fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				if errors.Is(err, unix.EEXIST) {
+					_ = unix.Unlink(p)
+				}
+				return fmt.Errorf("open: %w", err)
+			}
+			n, err := unix.Read(fd, buf)
+			_ = unix.Close(fd)
+			if err != nil {
+				_ = unix.Unlink(p)
+				return fmt.Errorf("read: %w", err)
+			}
+			if n == 0 {
+				_ = unix.Unlink(p)
+				return errors.New("read: empty token")
+			}
+			if err := unix.Unlink(p); err != nil {
+				return fmt.Errorf("unlink: %w", err)
+			}
+			return nil
+		}, nil, nil
+	}
+}
+
+// renewCycle is row 1b: the client reserves its own name once, reads the
+// token and then renews by writing it at offset 0 (docs/PROTOCOL.md §4.2,
+// a bare token).
+func renewCycle(mp string) func(clients, i int) (cycle, func(), error) {
+	return func(clients, i int) (cycle, func(), error) {
+		p := filepath.Join(mp, fmt.Sprintf("renew%d-%d", clients, i))
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reserve %s: %w", p, err)
+		}
+		buf := make([]byte, 256)
+		n, err := unix.Read(fd, buf)
+		if err != nil || n == 0 {
+			_ = unix.Close(fd)
+			return nil, nil, fmt.Errorf("read token of %s: %d bytes, %v", p, n, err)
+		}
+		tok := append(bytes.TrimSpace(buf[:n]), '\n')
+		teardown := func() {
+			_ = unix.Unlink(p)
+			_ = unix.Close(fd)
+		}
+		return func() error {
+			if _, err := unix.Pwrite(fd, tok, 0); err != nil {
+				return fmt.Errorf("pwrite: %w", err)
+			}
+			return nil
+		}, teardown, nil
+	}
+}
+
+// handleCycle is row 1c: open(O_CREAT|O_RDWR) of a free name reserves it,
+// flock(LOCK_EX|LOCK_NB) binds it as a handle lease, LOCK_UN ends it, then
+// close (docs/PROTOCOL.md §6).
+func handleCycle(mp, prefix string) func(clients, i int) (cycle, func(), error) {
+	return func(clients, i int) (cycle, func(), error) {
+		p := filepath.Join(mp, fmt.Sprintf("%s%d-%d", prefix, clients, i))
+		return func() error {
+			fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer unix.Close(fd)
+			if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+				return fmt.Errorf("flock LOCK_EX|LOCK_NB: %w", err)
+			}
+			if err := unix.Flock(fd, unix.LOCK_UN); err != nil {
+				return fmt.Errorf("flock LOCK_UN: %w", err)
+			}
+			return nil
+		}, nil, nil
+	}
+}
+
+// grantLog collects the wait and hold of every blocking lock of row 1d.
+// Safe for concurrent use.
+type grantLog struct {
+	mu   sync.Mutex
+	recs []grantRec
+}
+
+type grantRec struct {
+	asked, granted time.Time
+	hold           time.Duration
+}
+
+func (g *grantLog) add(r grantRec) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.recs = append(g.recs, r)
+}
+
+// summary returns the p99 of the waits, the mean hold and the share of
+// grants that went to a client ahead of one that had asked earlier and was
+// still waiting (a barging grant). Grants are ordered by the client-side
+// times, so this is approximate: the daemon queues a waiter a little after
+// it asks.
+func (g *grantLog) summary(from time.Time) (p99Wait, meanHold time.Duration, barged float64) {
+	g.mu.Lock()
+	recs := slices.Clone(g.recs)
+	g.mu.Unlock()
+	recs = slices.DeleteFunc(recs, func(r grantRec) bool { return r.asked.Before(from) })
+	if len(recs) == 0 {
+		return 0, 0, 0
+	}
+	waits := make([]time.Duration, len(recs))
+	var hold time.Duration
+	for i, r := range recs {
+		waits[i] = r.granted.Sub(r.asked)
+		hold += r.hold
+	}
+	slices.SortFunc(recs, func(a, b grantRec) int { return a.granted.Compare(b.granted) })
+	// Walking back from the last grant, minAsked is the earliest ask among
+	// the grants after the current one.
+	minAsked := recs[len(recs)-1].asked
+	n := 0
+	for i := len(recs) - 2; i >= 0; i-- {
+		if minAsked.Before(recs[i].asked) {
+			n++
+		}
+		if recs[i].asked.Before(minAsked) {
+			minAsked = recs[i].asked
+		}
+	}
+	return quantile(waits, 0.99), hold / time.Duration(len(recs)), float64(n) / float64(len(recs))
+}
+
+// queueCycle is row 1d: every client opens the SAME name, blocks in
+// flock(LOCK_EX), unlocks and closes; g records wait and hold.
+func queueCycle(p string, g *grantLog) func(i int) (cycle, func(), error) {
+	return func(i int) (cycle, func(), error) {
+		return func() error {
+			fd, err := unix.Open(p, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer unix.Close(fd)
+			asked := time.Now()
+			if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+				return fmt.Errorf("flock LOCK_EX: %w", err)
+			}
+			granted := time.Now()
+			err = unix.Flock(fd, unix.LOCK_UN)
+			g.add(grantRec{asked: asked, granted: granted, hold: time.Since(granted)})
+			if err != nil {
+				return fmt.Errorf("flock LOCK_UN: %w", err)
+			}
+			return nil
+		}, nil, nil
+	}
+}
+
+// queueRow runs row 1d (one shared name, N clients queueing) on mp.
+func (b *bench) queueRow(id, name, mp string) error {
+	if !b.want(id, name) {
+		return nil
+	}
+	for _, n := range clientCounts {
+		if b.ctx.Err() != nil {
+			return nil
+		}
+		g := &grantLog{}
+		started := time.Now()
+		res, err := b.runCell(n, queueCycle(filepath.Join(mp, fmt.Sprintf("queue%d", n)), g))
+		if err != nil {
+			return fmt.Errorf("%s, %d clients: %w", id, n, err)
+		}
+		p99w, hold, barged := g.summary(started.Add(b.cfg.warmup))
+		ratio := 0.0
+		if hold > 0 {
+			ratio = float64(p99w) / float64(hold)
+		}
+		note := fmt.Sprintf("failed %d; p99 wait %s / mean hold %s = %.1f; barging grants %.1f%%",
+			res.failed, fmtDur(p99w), fmtDur(hold), ratio, 100*barged)
+		if res.failed > 0 {
+			note += fmt.Sprintf(" (first: %v)", res.firstErr)
+		}
+		b.rows = append(b.rows, row{id: id, name: name, clients: n, ops: res.ops, p50: res.p50, p99: res.p99, note: note})
+		b.extras[fmt.Sprintf("%s.failed.%d", id, n)] = float64(res.failed)
+		b.extras[fmt.Sprintf("%s.waithold.%d", id, n)] = ratio
+		b.logf("%-3s %-44s %2d clients: %9.0f ops/s  p50 %-9s p99 %-9s %s", id, name, n, res.ops,
+			fmtDur(res.p50), fmtDur(res.p99), note)
+	}
+	return nil
+}
+
+// leasefsRows runs rows 1a–1d and 8 on one daemon mounted in the
+// temporary directory.
+func (b *bench) leasefsRows() error {
+	ids := map[string]string{"1a": nameLease, "1b": nameRenew, "1c": nameHandle, "1d": nameQueue, "8": nameKill}
+	if !b.wantAny(ids) {
+		return nil
+	}
+	mp := filepath.Join(b.tmp, "mnt")
+	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state"), mp)
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	b.logf("leasefs mounted on %s (pid %d)", mp, d.pid)
+	if err := b.cellRow("1a", nameLease, leaseCycle(mp, "lease")); err != nil {
+		return err
+	}
+	if err := b.cellRow("1b", nameRenew, renewCycle(mp)); err != nil {
+		return err
+	}
+	if err := b.cellRow("1c", nameHandle, handleCycle(mp, "handle")); err != nil {
+		return err
+	}
+	if err := b.queueRow("1d", nameQueue, mp); err != nil {
+		return err
+	}
+	return b.killRow("8", nameKill, mp)
+}
+
+// Row names, shared by the table and the targets.
+const (
+	nameLease   = "leasefs lease cycle (create+read+close+unlink)"
+	nameRenew   = "leasefs renew (pwrite token)"
+	nameHandle  = "leasefs handle-lease cycle (open+flock+unlock+close)"
+	nameQueue   = "leasefs one name, N clients queueing (blocking flock)"
+	nameKill    = "leasefs SIGKILL holder → blocked successor granted"
+	nameStore   = "leasecore FileStore in-process Reserve+End"
+	nameMemL    = "go-fuse in-memory ceiling: lease cycle (as 1a)"
+	nameMemH    = "go-fuse in-memory ceiling: handle cycle (as 1c)"
+	nameRename  = "floor: 300 B temp file+fsync+rename+dir fsync"
+	nameFsync   = "floor: 300 B pwrite+fdatasync"
+	nameEtcdD   = "etcd Mutex Lock+Unlock, distinct keys"
+	nameEtcdS   = "etcd Mutex Lock+Unlock, one shared key"
+	nameRedisA  = "Redis SET NX PX+DEL, appendfsync always"
+	nameRedisE  = "Redis SET NX PX+DEL, appendfsync everysec"
+	nameScaleFm = "leasefs with %d live leases"
+)

@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// memRoot is the root directory of the in-memory FUSE ceiling: the same
+// system calls as leasefs's rows 1a and 1c answered from a map, with no
+// store, no record and no fsync. Its methods are safe for concurrent use.
+type memRoot struct {
+	fs.Inode
+	mu    sync.Mutex
+	files map[string]*memFile
+	ino   atomic.Uint64
+}
+
+var (
+	_ = (fs.NodeLookuper)((*memRoot)(nil))
+	_ = (fs.NodeCreater)((*memRoot)(nil))
+	_ = (fs.NodeUnlinker)((*memRoot)(nil))
+	_ = (fs.NodeReaddirer)((*memRoot)(nil))
+	_ = (fs.NodeGetattrer)((*memRoot)(nil))
+)
+
+// memFile is one name: a token, shown by the first read of the handle
+// that created it, and an exclusive lock. Safe for concurrent use.
+type memFile struct {
+	fs.Inode
+	token string
+	mu    sync.Mutex
+	owner uint64        // lock owner, 0 when unlocked
+	freed chan struct{} // closed and replaced when the lock is dropped
+}
+
+var (
+	_ = (fs.NodeOpener)((*memFile)(nil))
+	_ = (fs.NodeGetattrer)((*memFile)(nil))
+	_ = (fs.NodeSetattrer)((*memFile)(nil))
+)
+
+// memHandle is an open file of a memFile. Safe for concurrent use.
+type memHandle struct {
+	f        *memFile
+	mu       sync.Mutex
+	reserved bool   // this open created the file and has not read the token yet
+	owner    uint64 // lock owner this handle locked with, 0 if none
+}
+
+var (
+	_ = (fs.FileReader)((*memHandle)(nil))
+	_ = (fs.FileWriter)((*memHandle)(nil))
+	_ = (fs.FileGetlker)((*memHandle)(nil))
+	_ = (fs.FileSetlker)((*memHandle)(nil))
+	_ = (fs.FileSetlkwer)((*memHandle)(nil))
+	_ = (fs.FileReleaser)((*memHandle)(nil))
+	_ = (fs.FileFlusher)((*memHandle)(nil))
+)
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "tok_" + hex.EncodeToString(b[:])
+}
+
+func (r *memRoot) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = syscall.S_IFDIR | 0o777
+	return 0
+}
+
+func (r *memRoot) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	r.mu.Lock()
+	f := r.files[name]
+	r.mu.Unlock()
+	if f == nil {
+		return nil, syscall.ENOENT
+	}
+	f.fill(&out.Attr)
+	return &f.Inode, 0
+}
+
+func (r *memRoot) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f := r.files[name]; f != nil {
+		if flags&syscall.O_EXCL != 0 {
+			return nil, nil, 0, syscall.EEXIST
+		}
+		f.fill(&out.Attr)
+		return &f.Inode, &memHandle{f: f}, fuse.FOPEN_DIRECT_IO, 0
+	}
+	f := &memFile{token: newToken(), freed: make(chan struct{})}
+	in := r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 1<<40 + r.ino.Add(1)})
+	r.files[name] = f
+	f.fill(&out.Attr)
+	return in, &memHandle{f: f, reserved: true}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (r *memRoot) Unlink(ctx context.Context, name string) syscall.Errno {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.files[name] == nil {
+		return syscall.ENOENT
+	}
+	delete(r.files, name)
+	return 0
+}
+
+func (r *memRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.files))
+	for n := range r.files {
+		names = append(names, n)
+	}
+	r.mu.Unlock()
+	slices.Sort(names)
+	ents := make([]fuse.DirEntry, len(names))
+	for i, n := range names {
+		ents[i] = fuse.DirEntry{Name: n, Mode: syscall.S_IFREG}
+	}
+	return fs.NewListDirStream(ents), 0
+}
+
+func (f *memFile) fill(a *fuse.Attr) {
+	a.Mode = syscall.S_IFREG | 0o644
+	a.Size = uint64(len(f.token) + 1)
+}
+
+func (f *memFile) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	f.fill(&out.Attr)
+	return 0
+}
+
+// Setattr accepts O_TRUNC and touch as no-ops, as leasefs does.
+func (f *memFile) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	f.fill(&out.Attr)
+	return 0
+}
+
+func (f *memFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return &memHandle{f: f}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+func (h *memHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.mu.Lock()
+	first := h.reserved
+	h.reserved = false
+	h.mu.Unlock()
+	doc := "status = \"active\"\n"
+	if first {
+		doc = h.f.token + "\n"
+	}
+	if off >= int64(len(doc)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData([]byte(doc[off:])), 0
+}
+
+func (h *memHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return uint32(len(data)), 0
+}
+
+func (h *memHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+func (h *memHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	*out = fuse.FileLock{Typ: syscall.F_UNLCK}
+	if h.f.owner != 0 && h.f.owner != owner {
+		*out = fuse.FileLock{Typ: syscall.F_WRLCK, End: 1<<63 - 1}
+	}
+	return 0
+}
+
+func (h *memHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lock(ctx, owner, lk, false)
+}
+
+func (h *memHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.lock(ctx, owner, lk, true)
+}
+
+// lock takes (F_WRLCK) or drops (F_UNLCK) the file's one exclusive lock;
+// shared locks get ENOLCK, as in leasefs.
+func (h *memHandle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, wait bool) syscall.Errno {
+	switch lk.Typ {
+	case syscall.F_UNLCK:
+		h.unlock(owner)
+		return 0
+	case syscall.F_WRLCK:
+	default:
+		return syscall.ENOLCK
+	}
+	for {
+		h.f.mu.Lock()
+		if h.f.owner == 0 || h.f.owner == owner {
+			h.f.owner = owner
+			h.f.mu.Unlock()
+			h.mu.Lock()
+			h.owner = owner
+			h.mu.Unlock()
+			return 0
+		}
+		freed := h.f.freed
+		h.f.mu.Unlock()
+		if !wait {
+			return syscall.EAGAIN
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return syscall.EINTR
+		}
+	}
+}
+
+func (h *memHandle) unlock(owner uint64) {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if owner != 0 && h.f.owner == owner {
+		h.f.owner = 0
+		close(h.f.freed)
+		h.f.freed = make(chan struct{})
+	}
+}
+
+// Release drops the lock this open file holds, as the kernel's last close
+// of a flock owner does.
+func (h *memHandle) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	owner := h.owner
+	h.mu.Unlock()
+	h.unlock(owner)
+	return 0
+}
+
+// memfsMain serves the in-memory filesystem on args[0] until SIGTERM or
+// SIGINT, then unmounts.
+func memfsMain(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: memfs MOUNTPOINT")
+	}
+	zero := time.Duration(0)
+	root := &memRoot{files: map[string]*memFile{}}
+	server, err := fs.Mount(args[0], root, &fs.Options{
+		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{
+			FsName: "benchmemfs", Name: "benchmemfs", Options: []string{"default_permissions"},
+			DirectMount: os.Geteuid() == 0, EnableLocks: true,
+		},
+	})
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sig
+		if err := server.Unmount(); err != nil {
+			_ = syscall.Unmount(args[0], syscall.MNT_DETACH)
+		}
+	}()
+	server.Wait()
+	return nil
+}
+
+// memfsRows runs rows 3a and 3c against the in-memory filesystem, served
+// by a re-executed copy of this command.
+func (b *bench) memfsRows() error {
+	if !b.wantAny(map[string]string{"3a": nameMemL, "3c": nameMemH}) {
+		return nil
+	}
+	mp := filepath.Join(b.tmp, "memfs")
+	if err := os.MkdirAll(mp, 0o755); err != nil {
+		return err
+	}
+	cmd, err := selfCommand("memfs", mp)
+	if err != nil {
+		return err
+	}
+	c, err := b.spawn("memfs", mp, cmd)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	if _, err := c.waitMounted(time.Now(), 30*time.Second); err != nil {
+		return fmt.Errorf("in-memory go-fuse: %w", err)
+	}
+	if err := b.cellRow("3a", nameMemL, leaseCycle(mp, "lease")); err != nil {
+		return err
+	}
+	return b.cellRow("3c", nameMemH, handleCycle(mp, "handle"))
+}

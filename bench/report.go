@@ -1,0 +1,464 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"text/template"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// target is one goal checked in the run, from rows measured in the same run.
+type target struct {
+	what    string
+	value   float64
+	unit    string // "" for a ratio
+	goal    float64
+	atMost  bool // PASS when value ≤ goal, else when value ≥ goal
+	bound   bool // value is a lower bound (the step was stopped)
+	missing string
+}
+
+func (t target) verdict() string {
+	switch {
+	case t.missing != "":
+		return "n/a"
+	case t.atMost && t.value <= t.goal, !t.atMost && t.value >= t.goal:
+		return "PASS"
+	default:
+		return "MISS"
+	}
+}
+
+// valueText prints the measured value, "> v" for a lower bound.
+func (t target) valueText() string {
+	v := fmt.Sprintf("%.2f%s", t.value, t.unit)
+	if t.bound {
+		v = "> " + v
+	}
+	return v
+}
+
+func (t target) line() string {
+	cmp := "≥"
+	if t.atMost {
+		cmp = "≤"
+	}
+	goal := fmt.Sprintf("%s %g%s", cmp, t.goal, t.unit)
+	if t.missing != "" {
+		return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, "not run", goal) + ": " + t.missing
+	}
+	val := t.valueText()
+	return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, val, goal)
+}
+
+// report is the finished run.
+type report struct {
+	rows    []row
+	targets []target
+	machine [][2]string
+	took    time.Duration
+	quick   bool
+}
+
+func (b *bench) report() report {
+	return report{rows: b.rows, targets: b.targets(), machine: b.machine(), took: time.Since(b.start), quick: b.cfg.quick}
+}
+
+// ratio builds a throughput ratio target from two cells.
+func (b *bench) ratio(what, numID string, numN int, denID string, denN int, goal float64) target {
+	t := target{what: what, goal: goal}
+	num, ok1 := b.find(numID, numN)
+	den, ok2 := b.find(denID, denN)
+	switch {
+	case !ok1:
+		t.missing = fmt.Sprintf("row %s at %d clients", numID, numN)
+	case !ok2:
+		t.missing = fmt.Sprintf("row %s at %d clients", denID, denN)
+	case den.ops == 0:
+		t.missing = fmt.Sprintf("row %s at %d clients measured no completed cycle", denID, denN)
+	default:
+		t.value = num.ops / den.ops
+	}
+	return t
+}
+
+// extra builds a target from a named measurement.
+func (b *bench) extra(what, key string, scale float64, unit string, goal float64, atMost bool) target {
+	t := target{what: what, unit: unit, goal: goal, atMost: atMost}
+	v, ok := b.extras[key]
+	if !ok {
+		t.missing = "not measured (" + key + ")"
+		return t
+	}
+	t.value = v * scale
+	return t
+}
+
+func (b *bench) targets() []target {
+	ts := []target{
+		b.ratio("lease cycle, 1 client: leasefs (1a) / Redis always (6a)", "1a", 1, "6a", 1, 1.0),
+		b.ratio("lease cycle, 16 clients: leasefs (1a) / etcd distinct-key Mutex (5d)", "1a", 16, "5d", 16, 2),
+		b.ratio("lease cycle, 16 clients: leasefs (1a) / go-fuse in-memory (3a)", "1a", 16, "3a", 16, 0.5),
+		b.ratio("renew, 1 client: leasefs (1b) / 300 B pwrite+fdatasync (4f)", "1b", 1, "4f", 1, 0.5),
+		b.ratio("handle-lease cycle, 1 client: leasefs (1c) / Redis always (6a)", "1c", 1, "6a", 1, 1.0),
+		b.ratio("one name, 16 clients: leasefs (1d) / etcd shared-key Mutex (5s)", "1d", 16, "5s", 16, 10),
+		b.extra("one name, 16 clients: failed calls (1d)", "1d.failed.16", 1, "", 0, true),
+		b.extra("one name, 16 clients: p99 wait / mean hold (1d)", "1d.waithold.16", 1, "", 20, true),
+		b.extra("100k leases: daemon start", "7.start.100000", 1, " s", 1, true),
+		b.extra("100k leases: daemon RSS after start", "7.rss.100000", 1.0/(1<<20), " MiB", 100, true),
+		b.extra("100k leases: readdir of the mount root", "7.readdir.100000", 1, " s", 0.5, true),
+		b.extra("100k leases: leasefs ls (daemon running)", "7.ls.100000", 1, " s", 1, true),
+	}
+	for i := range ts {
+		if strings.HasPrefix(ts[i].what, "100k leases: leasefs ls") && b.extras["7.lsstopped.100000"] == 1 {
+			ts[i].bound = true
+		}
+		if strings.HasPrefix(ts[i].what, "100k leases: readdir") && b.extras["7.readdirstopped.100000"] == 1 {
+			ts[i].bound = true
+		}
+	}
+	r := target{what: "reserve p50 at 100k leases / at 100 (7)", goal: 1.2, atMost: true}
+	hi, ok1 := b.extras["7.p50.100000"]
+	lo, ok2 := b.extras["7.p50.100"]
+	if ok1 && ok2 && lo > 0 {
+		r.value = hi / lo
+	} else {
+		r.missing = "row 7 at 100 and 100000 leases"
+	}
+	ts = append(ts, r)
+	k := target{what: "SIGKILL of a handle-lease holder → successor granted, p99 (8)", unit: " ms", goal: 10, atMost: true}
+	if kr, ok := b.find("8", 0); ok {
+		k.value = float64(kr.p99) / float64(time.Millisecond)
+	} else {
+		k.missing = "row 8"
+	}
+	return append(ts, k)
+}
+
+// machine describes where the run happened.
+func (b *bench) machine() [][2]string {
+	var m [][2]string
+	add := func(k, v string) { m = append(m, [2]string{k, v}) }
+	add("CPU", cpuModel())
+	add("cores", fmt.Sprintf("%d (runtime.NumCPU)", runtime.NumCPU()))
+	add("RAM", memTotal())
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		add("kernel", unix.ByteSliceToString(u.Sysname[:])+" "+unix.ByteSliceToString(u.Release[:])+" "+unix.ByteSliceToString(u.Machine[:]))
+	}
+	add("temp dir filesystem", tempFS(b.tmp))
+	add("Go", runtime.Version())
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		add("redis-server", strings.TrimSpace(string(out)))
+	}
+	add("etcd", "go.etcd.io/etcd/server/v3 v3.7.3 embedded, client/v3 v3.7.3; go-redis v9.23.0")
+	add("load average (1, 5, 15 min) at the start", b.loadStart)
+	add("load average (1, 5, 15 min) at the end", loadAvg())
+	add("date", b.start.UTC().Format("2006-01-02 15:04 MST"))
+	return m
+}
+
+// loadAvg returns the three load averages of /proc/loadavg.
+func loadAvg() string {
+	la, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(la)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
+}
+
+func cpuModel() string {
+	data, _ := os.ReadFile("/proc/cpuinfo")
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+func memTotal() string {
+	data, _ := os.ReadFile("/proc/meminfo")
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kb int64
+			if _, err := fmt.Sscan(rest, &kb); err == nil {
+				return fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+			}
+		}
+	}
+	return "unknown"
+}
+
+// tempFS names the filesystem holding dir: the mount with the longest
+// mount point that contains it.
+func tempFS(dir string) string {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		real = dir
+	}
+	best := mountEntry{}
+	for _, m := range mounts() {
+		if (real == m.point || strings.HasPrefix(real, strings.TrimSuffix(m.point, "/")+"/")) && len(m.point) >= len(best.point) {
+			best = m
+		}
+	}
+	if best.point == "" {
+		return "unknown"
+	}
+	return fmt.Sprintf("%s (%s on %s, temp dir %s)", best.fstype, best.source, best.point, filepath.Dir(real))
+}
+
+// text is the table and the targets, as printed on stdout.
+func (r report) text() string {
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tWORKLOAD\tCLIENTS\tOPS/S\tP50\tP99\tNOTES")
+	for _, x := range r.rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", x.id, x.name, clientsCell(x), opsCell(x), fmtDur(x.p50), fmtDur(x.p99), x.note)
+	}
+	_ = tw.Flush()
+	buf.WriteString("\nTargets (ratios of throughput, same run):\n")
+	for _, t := range r.targets {
+		buf.WriteString("  " + t.line() + "\n")
+	}
+	fmt.Fprintf(&buf, "\nTotal time %s.\n", r.took.Round(time.Second))
+	return buf.String()
+}
+
+func clientsCell(x row) string {
+	if x.clients == 0 {
+		return "-"
+	}
+	return fmt.Sprint(x.clients)
+}
+
+func opsCell(x row) string {
+	if x.ops == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", x.ops)
+}
+
+// write writes BENCHMARKS.md into out and throughput.svg into out/bench.
+func (r report) write(out string) error {
+	if err := os.MkdirAll(filepath.Join(out, "bench"), 0o755); err != nil {
+		return err
+	}
+	svg, err := r.chart()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "bench", "throughput.svg"), svg, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(out, "BENCHMARKS.md"), r.markdown(), 0o644)
+}
+
+func (r report) markdown() []byte {
+	var b bytes.Buffer
+	b.WriteString("# leasefs benchmarks\n\n")
+	b.WriteString("Generated by `go run ./bench` (this file and [bench/throughput.svg](bench/throughput.svg) are its output; " +
+		"`go run ./bench -h` lists the flags). ")
+	if r.quick {
+		b.WriteString("**This run used `-quick`: the numbers are a smoke test, not measurements.** ")
+	}
+	b.WriteString("Each cell runs its clients (goroutines, each on its own OS thread, doing the system calls itself) " +
+		"for a short warm-up and then a fixed measured window; ops/s counts completed cycles of all clients in that window, " +
+		"p50 and p99 are per cycle. The machine is small and shared with other work (see the load averages), so the numbers are noisy: " +
+		"single cells of two runs minutes apart differed by up to 3×. The ratios below compare rows of one run.\n\n")
+	b.WriteString("## Machine\n\n| | |\n| --- | --- |\n")
+	for _, kv := range r.machine {
+		fmt.Fprintf(&b, "| %s | %s |\n", kv[0], strings.ReplaceAll(kv[1], "|", "\\|"))
+	}
+	b.WriteString("\n## Targets\n\n| | measured | target | |\n| --- | --- | --- | --- |\n")
+	for _, t := range r.targets {
+		cmp := "≥"
+		if t.atMost {
+			cmp = "≤"
+		}
+		val := t.valueText()
+		if t.missing != "" {
+			val = "not run"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s %g%s | %s |\n", t.what, val, cmp, t.goal, t.unit, t.verdict())
+	}
+	b.WriteString("\n## Results\n\n![throughput against clients](bench/throughput.svg)\n\n")
+	b.WriteString("| id | workload | clients | ops/s | p50 | p99 | notes |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n")
+	for _, x := range r.rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", x.id, x.name, clientsCell(x), opsCell(x),
+			fmtDur(x.p50), fmtDur(x.p99), strings.ReplaceAll(x.note, "|", "\\|"))
+	}
+	b.WriteString(rowsDoc)
+	fmt.Fprintf(&b, "\nThe run took %s.\n", r.took.Round(time.Second))
+	return b.Bytes()
+}
+
+// rowsDoc says what each row does.
+const rowsDoc = `
+## What the rows do
+
+- **1a** open(name, O_CREAT|O_EXCL|O_RDWR) + read the token + close + unlink, one name per client, through a real mount of the daemon built from the tree (docs/PROTOCOL.md §3).
+- **1b** one reserved name per client, the token written with pwrite at offset 0 per cycle: a renew (§4.2).
+- **1c** open(O_CREAT|O_RDWR) of a free name (a reservation) + flock(LOCK_EX|LOCK_NB) (binds it as a handle lease) + flock(LOCK_UN) (ends it) + close (§6).
+- **1d** every client on ONE name: open + blocking flock(LOCK_EX) + LOCK_UN + close. Wait is the time blocked in flock, hold the time from its return to LOCK_UN's; "barging grants" is the share of grants that went to a client while one that had asked earlier still waited, judged from client-side timestamps (approximate; 0 % is strict first come, first served).
+- **2** leasecore.OpenFileStore in this process, Reserve + End of the client's own name: the store without FUSE.
+- **3a, 3c** the cycles of 1a and 1c against a minimal in-memory go-fuse filesystem (same mount options, no store): the FUSE ceiling.
+- **4r** the durable write behind every store change: 300-byte temp file + fsync + rename + fsync of the directory. **4f** 300-byte pwrite at offset 0 + fdatasync of a preallocated file.
+- **5d, 5s** embedded etcd (one member, WAL fsync on), concurrency.Mutex Lock + Unlock per cycle, one session per client, on the client's own key (5d, compare with 1a) or on one shared key (5s, compare with 1d).
+- **6a, 6e** a private redis-server with appendonly yes and appendfsync always (6a) or everysec (6e): SET key val NX PX 30000 + DEL of the client's own key.
+- **7** N live token leases planted as records in a fresh state directory (the daemon's own record shape, §4.3), served with --lease-duration 1000h: start is spawn until statfs of the mountpoint answers as FUSE, RSS is VmRSS right after, readdir lists every name through the mount, ls is ` + "`leasefs ls --state`" + ` with the daemon running; p50/p99 are of open(O_CREAT|O_EXCL) alone among them. readdir and ls are stopped after 20 s (shown as "> 20s (stopped)" and counted as 20 s), so a slow listing cannot stretch the run.
+- **8** a holder process flocks one name, a successor blocks in flock on it (seen in user.lease.waiters), the holder is SIGKILLed: the time until the successor's flock returns.
+`
+
+// series are the chart's lines: row id, label, colour, dashed.
+var series = []struct {
+	id, label, color string
+	dashed           bool
+}{
+	{"1a", "leasefs lease cycle (1a)", "#1f77b4", false},
+	{"1c", "leasefs handle-lease cycle (1c)", "#17becf", false},
+	{"3a", "go-fuse in-memory ceiling (3a)", "#7f7f7f", true},
+	{"5d", "etcd Mutex, distinct keys (5d)", "#2ca02c", false},
+	{"6a", "Redis appendfsync always (6a)", "#d62728", false},
+	{"6e", "Redis appendfsync everysec (6e)", "#ff7f0e", true},
+}
+
+// chartTmpl is the SVG of the throughput chart; chartData fills it.
+var chartTmpl = template.Must(template.New("chart").Parse(`<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" font-family="sans-serif" font-size="12">
+<rect width="{{.W}}" height="{{.H}}" fill="white"/>
+<text x="{{.Left}}" y="22" font-size="15" font-weight="bold">Throughput against concurrent clients (log–log)</text>
+{{range .YTicks}}<line x1="{{$.Left}}" y1="{{printf "%.1f" .Y}}" x2="{{$.Right}}" y2="{{printf "%.1f" .Y}}" stroke="{{if .Label}}#cccccc{{else}}#eeeeee{{end}}"/>
+{{if .Label}}<text x="{{$.LabelX}}" y="{{printf "%.1f" .Y}}" text-anchor="end" dominant-baseline="middle">{{.Label}}</text>
+{{end}}{{end}}{{range .XTicks}}<line x1="{{printf "%.1f" .X}}" y1="{{$.Top}}" x2="{{printf "%.1f" .X}}" y2="{{$.Bottom}}" stroke="#cccccc"/>
+<text x="{{printf "%.1f" .X}}" y="{{$.XLabelY}}" text-anchor="middle">{{.Label}}</text>
+{{end}}<rect x="{{.Left}}" y="{{.Top}}" width="{{.PlotW}}" height="{{.PlotH}}" fill="none" stroke="#333333"/>
+<text x="{{.MidX}}" y="{{.XTitleY}}" text-anchor="middle">concurrent clients</text>
+<text transform="translate(20 {{.MidY}}) rotate(-90)" text-anchor="middle">cycles per second</text>
+{{range $s := .Series}}<polyline points="{{.Points}}" fill="none" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
+{{range .Dots}}<circle cx="{{printf "%.1f" .X}}" cy="{{printf "%.1f" .Y}}" r="3" fill="{{$s.Color}}"/>
+{{end}}<line x1="{{$.LegendX}}" y1="{{.LY}}" x2="{{$.LegendX2}}" y2="{{.LY}}" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
+<text x="{{$.LegendTX}}" y="{{.LY}}" dominant-baseline="middle">{{.Label}}</text>
+{{end}}</svg>
+`))
+
+type chartPoint struct{ X, Y float64 }
+
+type chartTick struct {
+	X, Y  float64
+	Label string
+}
+
+type chartSeries struct {
+	Points, Color, Label string
+	Dashed               bool
+	Dots                 []chartPoint
+	LY                   int
+}
+
+type chartData struct {
+	W, H, Left, Right, Top, Bottom, PlotW, PlotH int
+	LabelX, XLabelY, MidX, MidY, XTitleY         int
+	LegendX, LegendX2, LegendTX                  int
+	YTicks, XTicks                               []chartTick
+	Series                                       []chartSeries
+}
+
+// chart draws throughput against clients, both axes logarithmic.
+func (r report) chart() ([]byte, error) {
+	const maxClients = 64.0
+	d := chartData{W: 760, H: 460, Left: 80, Top: 40}
+	d.PlotW, d.PlotH = d.W-d.Left-250, d.H-d.Top-60
+	d.Right, d.Bottom = d.Left+d.PlotW, d.Top+d.PlotH
+	d.LabelX, d.XLabelY, d.MidX, d.MidY, d.XTitleY = d.Left-8, d.Bottom+18, d.Left+d.PlotW/2, d.Top+d.PlotH/2, d.H-18
+	d.LegendX = d.Right + 15
+	d.LegendX2, d.LegendTX = d.LegendX+24, d.LegendX+30
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range series {
+		for _, x := range r.rows {
+			if x.id == s.id && x.ops > 0 {
+				lo, hi = math.Min(lo, x.ops), math.Max(hi, x.ops)
+			}
+		}
+	}
+	if math.IsInf(lo, 1) {
+		lo, hi = 1, 10
+	}
+	dlo, dhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if dhi <= dlo {
+		dhi = dlo + 1
+	}
+	xOf := func(c int) float64 {
+		return float64(d.Left) + math.Log(float64(c))/math.Log(maxClients)*float64(d.PlotW)
+	}
+	yOf := func(v float64) float64 { return float64(d.Top) + (dhi-math.Log10(v))/(dhi-dlo)*float64(d.PlotH) }
+	for e := dlo; e <= dhi; e++ {
+		for _, m := range []float64{1, 2, 5} {
+			if e == dhi && m > 1 {
+				break
+			}
+			t := chartTick{Y: yOf(m * math.Pow(10, e))}
+			if m == 1 {
+				t.Label = siCount(math.Pow(10, e))
+			}
+			d.YTicks = append(d.YTicks, t)
+		}
+	}
+	for _, c := range clientCounts {
+		d.XTicks = append(d.XTicks, chartTick{X: xOf(c), Label: fmt.Sprint(c)})
+	}
+	ly := d.Top + 10
+	for _, s := range series {
+		cs := chartSeries{Color: s.color, Label: s.label, Dashed: s.dashed, LY: ly}
+		var pts []string
+		for _, c := range clientCounts {
+			if x, ok := findRow(r.rows, s.id, c); ok && x.ops > 0 {
+				p := chartPoint{X: xOf(c), Y: yOf(x.ops)}
+				cs.Dots = append(cs.Dots, p)
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", p.X, p.Y))
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		cs.Points = strings.Join(pts, " ")
+		d.Series = append(d.Series, cs)
+		ly += 20
+	}
+	var b bytes.Buffer
+	if err := chartTmpl.Execute(&b, d); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// findRow returns the row with id and clients.
+func findRow(rows []row, id string, clients int) (row, bool) {
+	for _, r := range rows {
+		if r.id == id && r.clients == clients {
+			return r, true
+		}
+	}
+	return row{}, false
+}
+
+// siCount prints a count as 1, 10, 100, 1k, 10k …
+func siCount(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%gM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%gk", v/1e3)
+	default:
+		return fmt.Sprintf("%g", v)
+	}
+}
