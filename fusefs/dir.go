@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -63,10 +64,24 @@ func (d *dirNode) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
 	return 0
 }
 
+// rootAttrTimeout is how long the kernel may keep the root directory's
+// attributes. They never change while the daemon serves (mode 01777, the
+// owner of [Options], the daemon's start time), so a kernel cache of them
+// is exact; with default_permissions the kernel would otherwise ask for
+// them on every path walk through the root. Namespaces keep a zero timeout:
+// one removed and made again elsewhere has another owner.
+const rootAttrTimeout = time.Hour
+
 // Getattr returns the directory's attributes; ESTALE when the namespace was
 // removed.
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	return d.attr(ctx, &out.Attr)
+	if errno := d.attr(ctx, &out.Attr); errno != 0 {
+		return errno
+	}
+	if d.path == "" {
+		out.SetTimeout(rootAttrTimeout)
+	}
+	return 0
 }
 
 // Setattr accepts time changes as no-ops (touch) and refuses mode, owner
@@ -192,7 +207,7 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if _, err := d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
-	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.pid)
+	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
 	return 0
 }
 
