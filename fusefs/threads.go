@@ -177,6 +177,21 @@ func (g *threadGroups) openPidfd(tid int) int {
 	return fd
 }
 
+// closeAll empties the cache, closing its pidfds once no lookup uses
+// them.
+func (g *threadGroups) closeAll() {
+	g.mu.Lock()
+	var closing []int
+	for _, e := range g.entries {
+		g.dropLocked(e)
+		closing = append(closing, g.closableLocked(e))
+	}
+	g.mu.Unlock()
+	for _, fd := range closing {
+		closeFD(fd)
+	}
+}
+
 // len returns the number of cached threads.
 func (g *threadGroups) len() int {
 	g.mu.Lock()
