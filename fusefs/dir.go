@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -64,24 +63,13 @@ func (d *dirNode) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
 	return 0
 }
 
-// rootAttrTimeout is how long the kernel may keep the root directory's
-// attributes. They never change while the daemon serves (mode 01777, the
-// owner of [Options], the daemon's start time), so a kernel cache of them
-// is exact; with default_permissions the kernel would otherwise ask for
-// them on every path walk through the root. Namespaces keep a zero timeout:
-// one removed and made again elsewhere has another owner.
-const rootAttrTimeout = time.Hour
-
 // Getattr returns the directory's attributes; ESTALE when the namespace was
-// removed.
+// removed. The root's attributes never change, yet they too keep a zero
+// timeout: a kernel cache of them would let stat(2) of the mountpoint
+// succeed after the daemon died, hiding the ENOTCONN by which a mount left
+// behind is recognised (docs/ARCHITECTURE.md, kernel facts).
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	if errno := d.attr(ctx, &out.Attr); errno != 0 {
-		return errno
-	}
-	if d.path == "" {
-		out.SetTimeout(rootAttrTimeout)
-	}
-	return 0
+	return d.attr(ctx, &out.Attr)
 }
 
 // Setattr accepts time changes as no-ops (touch) and refuses mode, owner
