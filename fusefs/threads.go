@@ -23,15 +23,16 @@ var threads = threadGroups{max: maxThreadGroups}
 // requests would otherwise cost a read of that file each
 // (docs/ARCHITECTURE.md, kernel facts).
 //
-// Each entry keeps a pidfd of the thread (pidfd_open(2) with PIDFD_THREAD)
-// and is used only while that pidfd does not poll readable, i.e. while the
-// thread it was made for has not exited. A living thread keeps its id, and
-// a thread never changes its thread group while it lives (an execve(2) by
-// another thread of the group makes the caller take the leader's id: the
-// caller's old id then belongs to an exited thread), so a hit is exact:
-// a reused thread id always misses. Kernels without PIDFD_THREAD (before
-// Linux 6.9) get no caching, only the read. Credentials are never cached:
-// uid and gid come with every request.
+// Each entry keeps a pidfd (pidfd_open(2)) and is used only while that
+// pidfd does not poll readable. For a thread group's leader it is a process
+// pidfd, readable once the whole group has exited: until then the leader
+// holds its id, even as a zombie. For any other thread it is a thread pidfd
+// (PIDFD_THREAD), readable once that thread has exited: a living thread
+// keeps its id, and never changes its thread group (an execve(2) by a
+// non-leader makes it take the leader's id: its old id then belongs to an
+// exited thread). So a hit is exact, and a reused thread id always misses.
+// Without PIDFD_THREAD (before Linux 6.9) only leaders are cached.
+// Credentials are never cached: uid and gid come with every request.
 //
 // Safe for concurrent use; its lock is a leaf, held for map operations
 // only, never across a system call.
@@ -93,19 +94,45 @@ func (g *threadGroups) release(e *threadEntry, stale bool) {
 	closeFD(fd)
 }
 
-// resolve reads the process id of tid and caches it when the thread is
-// known to have held tid throughout the read: its pidfd, opened before the
-// read, still shows it alive after.
+// resolve finds the process id of tid and caches it. A thread group's
+// leader, the thread of every single-threaded process, is recognised
+// without reading /proc: pidfd_open(2) without flags succeeds only for a
+// process id, and that process pidfd, which polls readable once the whole
+// group has exited, validates the entry (the leader's id stays taken while
+// any thread of its group lives). Any other thread's id is read from
+// /proc/<tid>/status and cached with a thread pidfd opened before the read,
+// when that pidfd still shows the thread alive after it: the thread then
+// held tid throughout the read.
 func (g *threadGroups) resolve(tid int) int {
-	fd := g.openPidfd(tid)
+	if g.max <= 0 {
+		if tgid, ok := readTgid(tid); ok {
+			return tgid
+		}
+		return tid
+	}
+	switch fd, err := unix.PidfdOpen(tid, 0); err {
+	case nil:
+		g.store(tid, tid, fd)
+		return tid
+	case unix.ESRCH:
+		return tid // gone
+	}
+	fd := g.openThreadPidfd(tid)
 	tgid, ok := readTgid(tid)
 	if !ok {
 		closeFD(fd)
 		return tid
 	}
-	if fd < 0 || g.max <= 0 || !threadAlive(fd) {
+	g.store(tid, tgid, fd)
+	return tgid
+}
+
+// store caches tgid as the process of tid, validated by pidfd fd, which it
+// owns; it keeps nothing when fd is negative or already polls readable.
+func (g *threadGroups) store(tid, tgid, fd int) {
+	if fd < 0 || !threadAlive(fd) {
 		closeFD(fd)
-		return tgid
+		return
 	}
 	g.mu.Lock()
 	if g.entries == nil {
@@ -130,7 +157,6 @@ func (g *threadGroups) resolve(tid int) int {
 	for _, fd := range closing {
 		closeFD(fd)
 	}
-	return tgid
 }
 
 // dropLocked removes e from the map if it is still there. g.mu is held.
@@ -155,18 +181,19 @@ func (g *threadGroups) closableLocked(e *threadEntry) int {
 	return fd
 }
 
-// openPidfd returns a pidfd of thread tid, or -1 when none can be had.
-func (g *threadGroups) openPidfd(tid int) int {
+// openThreadPidfd returns a thread pidfd of tid, or -1 when none can be
+// had.
+func (g *threadGroups) openThreadPidfd(tid int) int {
 	g.mu.Lock()
-	no := g.noPidfd || g.max <= 0
+	no := g.noPidfd
 	g.mu.Unlock()
 	if no {
 		return -1
 	}
 	fd, err := unix.PidfdOpen(tid, unix.PIDFD_THREAD)
 	if err == unix.EINVAL {
-		// Before Linux 6.9 PIDFD_THREAD is an unknown flag; a thread
-		// id that is not a thread is ESRCH.
+		// Before Linux 6.9 PIDFD_THREAD is an unknown flag (an id that
+		// names no thread is ESRCH).
 		g.mu.Lock()
 		g.noPidfd = true
 		g.mu.Unlock()
@@ -199,8 +226,9 @@ func (g *threadGroups) len() int {
 	return len(g.entries)
 }
 
-// threadAlive reports whether the thread of pidfd fd has not exited: a
-// thread pidfd polls readable once its thread has exited (pidfd_open(2)).
+// threadAlive reports whether pidfd fd does not poll readable: its thread
+// (a thread pidfd) or its whole thread group (a process pidfd) has not
+// exited (pidfd_open(2)).
 func threadAlive(fd int) bool {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {

@@ -203,3 +203,29 @@ func openFDs(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// A process's leader is cached without reading /proc, and its entry goes
+// when the process has exited.
+func TestThreadGroupsLeader(t *testing.T) {
+	g := &threadGroups{max: 8}
+	t.Cleanup(func() { g.closeAll() })
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	if got := g.tgid(pid); got != pid {
+		t.Fatalf("tgid(leader %d) = %d", pid, got)
+	}
+	if e := g.entries[pid]; e == nil || e.tgid != pid {
+		t.Fatalf("leader entry %+v, want one for %d", e, pid)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if got := g.tgid(pid); got != pid {
+		t.Errorf("tgid(exited %d) = %d, want itself", pid, got)
+	}
+	if e := g.entries[pid]; e != nil && !threadAlive(e.fd) {
+		t.Errorf("the entry of exited process %d is kept", pid)
+	}
+}
