@@ -229,3 +229,41 @@ func TestThreadGroupsLeader(t *testing.T) {
 		t.Errorf("the entry of exited process %d is kept", pid)
 	}
 }
+
+// BenchmarkTgid compares the ways to a caller's process id: a cache hit,
+// a miss on a leader (one pidfd_open), a miss on another thread (pidfd
+// and a read of /proc/<tid>/status), and the read alone.
+func BenchmarkTgid(b *testing.B) {
+	b.Run("hit", func(b *testing.B) {
+		g := &threadGroups{max: 8}
+		defer g.closeAll()
+		g.tgid(os.Getpid())
+		for b.Loop() {
+			g.tgid(os.Getpid())
+		}
+	})
+	b.Run("miss-leader", func(b *testing.B) {
+		g := &threadGroups{max: 8}
+		defer g.closeAll()
+		for b.Loop() {
+			g.tgid(os.Getpid())
+			g.closeAll()
+		}
+	})
+	b.Run("miss-thread", func(b *testing.B) {
+		g := &threadGroups{max: 8}
+		defer g.closeAll()
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid := unix.Gettid()
+		for b.Loop() {
+			g.tgid(tid)
+			g.closeAll()
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		for b.Loop() {
+			readTgid(os.Getpid())
+		}
+	})
+}
