@@ -64,7 +64,10 @@ func (d *dirNode) attr(ctx context.Context, a *fuse.Attr) syscall.Errno {
 }
 
 // Getattr returns the directory's attributes; ESTALE when the namespace was
-// removed.
+// removed. The root's attributes never change, yet they too keep a zero
+// timeout: a kernel cache of them would let stat(2) of the mountpoint
+// succeed after the daemon died, hiding the ENOTCONN by which a mount left
+// behind is recognised (docs/ARCHITECTURE.md, kernel facts).
 func (d *dirNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	return d.attr(ctx, &out.Attr)
 }
@@ -192,7 +195,7 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if _, err := d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
-	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.pid)
+	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
 	return 0
 }
 

@@ -40,8 +40,9 @@ type Options struct {
 // up. Its methods are safe for concurrent use.
 //
 // Its state is split by concern, each part with its own lock: tokens (the
-// token vault), dirInos (namespace inode numbers), posix (fcntl lock
-// owners), requests (node ids of lock requests in flight). Lock order:
+// token vault), sizes (status document lengths), dirInos (namespace inode
+// numbers), posix (fcntl lock owners), requests (node ids of lock requests
+// in flight). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -54,6 +55,7 @@ type FS struct {
 	root    *dirNode
 
 	tokens   tokenVault
+	sizes    docSizes
 	dirInos  dirInodes
 	posix    posixOwners
 	requests lockRequests
@@ -126,6 +128,7 @@ func (f *FS) Run(ctx context.Context) {
 			}
 			if ev.Kind == leasecore.EventEnded {
 				f.tokens.forget(ev.Lease.ID)
+				f.sizes.forget(ev.Lease.ID)
 				f.invalidate(ev.Lease)
 			}
 		}
@@ -187,14 +190,14 @@ func (f *FS) reserve(ctx context.Context, resource string, c caller) (leasecore.
 		Resource:  resource,
 		HolderUID: c.uid,
 		HolderGID: c.gid,
-		HolderPID: c.pid,
+		HolderPID: c.pid(),
 	})
 	if err != nil {
 		return g, err
 	}
 	f.tokens.put(g.Lease.ID, g.Token)
 	f.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
-		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.pid)
+		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.logPID())
 	return g, nil
 }
 
@@ -220,7 +223,7 @@ func (f *FS) fillLeaseAttr(l leasecore.Lease, a *fuse.Attr) {
 	a.Mode = syscall.S_IFREG | 0o644
 	a.Nlink = 1
 	a.Uid, a.Gid = l.HolderUID, l.HolderGID
-	a.Size = uint64(len(leasecore.StatusDocument(l)))
+	a.Size = f.sizes.size(l)
 	a.Blksize = 4096
 	ctime := l.HeartbeatAt
 	for _, t := range []time.Time{l.TakeoverRequestedAt, l.CompletedAt} {

@@ -284,7 +284,7 @@ func TestCallerOfWithoutCaller(t *testing.T) {
 		t.Errorf("callerOf(no caller) = %+v, want the unprivileged nobody", c)
 	}
 	c := callerOf(as(uidBob))
-	if c.uid != uidBob || c.gid != uidBob || c.pid != os.Getpid() {
+	if c.uid != uidBob || c.gid != uidBob || c.pid() != os.Getpid() {
 		t.Errorf("callerOf = %+v, want uid/gid %d pid %d", c, uidBob, os.Getpid())
 	}
 }

@@ -150,10 +150,10 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 			status = leasecore.StatusAbandoned
 		}
 		if _, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status, cmd.ann); err == nil {
-			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.pid)
+			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.logPID())
 		}
 	case actionTakeover:
-		by := fmt.Sprintf("uid %d pid %d", c.uid, c.pid)
+		by := fmt.Sprintf("uid %d pid %d", c.uid, c.pid())
 		_, err = h.fsys.store.RequestTakeover(ctx, l.ID, leasecore.TakeoverRequest{By: by, Reason: cmd.reason})
 	}
 	if errors.Is(err, leasecore.ErrTokenMismatch) && h.dropUnclaimed() {

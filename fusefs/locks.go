@@ -152,7 +152,7 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	if req.flock && bound {
 		// flock(2) on a lock this open file already holds: a no-op, but
 		// the caller is now the process that holds it.
-		if _, err := f.store.Bind(ctx, id, req.c.pid); err != nil && !errors.Is(err, leasecore.ErrInactive) {
+		if _, err := f.store.Bind(ctx, id, req.c.pid()); err != nil && !errors.Is(err, leasecore.ErrInactive) {
 			return f.refuse(op, h.resource, req.c, toErrno(err), err)
 		}
 		return 0
@@ -170,7 +170,7 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	if cred {
 		l, err := f.store.Load(ctx, id)
 		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
-			if l, err = f.store.Bind(ctx, id, req.c.pid); err != nil {
+			if l, err = f.store.Bind(ctx, id, req.c.pid()); err != nil {
 				return f.refuse(op, h.resource, req.c, toErrno(err), err)
 			}
 			h.bindTo(l, req)
@@ -199,7 +199,7 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 		h.mu.Unlock()
 	}
 	f.log.Info("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
-		"uid", req.c.uid, "pid", req.c.pid, "flock", req.flock)
+		"uid", req.c.uid, "pid", req.c.logPID(), "flock", req.flock)
 }
 
 // acquire reserves a new handle lease on the name for this open file;
@@ -213,7 +213,7 @@ func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) s
 		Mode:      leasecore.ModeHandle,
 		HolderUID: req.c.uid,
 		HolderGID: req.c.gid,
-		HolderPID: req.c.pid,
+		HolderPID: req.c.pid(),
 	}
 	var g leasecore.Grant
 	var err error

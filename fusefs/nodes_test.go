@@ -389,6 +389,11 @@ func TestRootAttrs(t *testing.T) {
 	if aout.Ino != fuse.FUSE_ROOT_ID || aout.Mode != dirMode {
 		t.Errorf("root ino %d mode %o, want 1 %o", aout.Ino, aout.Mode, dirMode)
 	}
+	// No attribute cache, not even of the root's fixed attributes: stat of
+	// the mountpoint must fail with ENOTCONN once the daemon is gone.
+	if aout.Timeout() != 0 {
+		t.Errorf("root attribute timeout %v, want 0", aout.Timeout())
+	}
 	touch := &fuse.SetAttrIn{SetAttrInCommon: fuse.SetAttrInCommon{Valid: fuse.FATTR_MTIME | fuse.FATTR_MTIME_NOW}}
 	if errno := e.root.Setattr(ctx, nil, touch, &aout); errno != 0 {
 		t.Errorf("touch on the root = %v", errno)

@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"encoding/binary"
-	"os"
 	"strconv"
 	"strings"
 
@@ -25,8 +24,9 @@ func callerCreates(tid int) (creates, known bool) {
 	if tid <= 0 {
 		return false, false
 	}
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/syscall")
-	if err != nil {
+	var buf [512]byte // "nr arg0 … arg5 sp pc": at most 8 hex words
+	data, ok := readProc(tid, "syscall", buf[:])
+	if !ok {
 		return false, false
 	}
 	fields := strings.Fields(string(data))
@@ -63,13 +63,13 @@ func callerCreates(tid int) (creates, known bool) {
 // readUint64 reads the native-endian 64-bit word at addr in the memory of
 // thread tid.
 func readUint64(tid int, addr uint64) (uint64, bool) {
-	f, err := os.Open("/proc/" + strconv.Itoa(tid) + "/mem")
+	fd, err := unix.Open("/proc/"+strconv.Itoa(tid)+"/mem", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, false
 	}
-	defer f.Close()
+	defer unix.Close(fd)
 	var b [8]byte
-	if n, err := f.ReadAt(b[:], int64(addr)); err != nil || n != len(b) {
+	if n, err := unix.Pread(fd, b[:], int64(addr)); err != nil || n != len(b) {
 		return 0, false
 	}
 	return binary.NativeEndian.Uint64(b[:]), true

@@ -28,7 +28,7 @@ func (r refusalLog) refuse(op, resource string, c caller, errno syscall.Errno, r
 	if len(why) > maxLogReason {
 		why = why[:maxLogReason] + "…"
 	}
-	r.log.Warn("refused", "op", op, "resource", resource, "pid", c.pid, "uid", c.uid,
+	r.log.Warn("refused", "op", op, "resource", resource, "pid", c.logPID(), "uid", c.uid,
 		"errno", errnoName(errno), "reason", why)
 	if r.onRefuse != nil {
 		r.onRefuse(op, errno)
