@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,7 +27,9 @@ const maxFreeFiles = 1024
 // store's mutex held; not safe for concurrent use on its own.
 type filePool struct {
 	free []freeFile
-	next uint64 // suffix of the next name
+	// next is the suffix of the next name; it starts at the wall clock in
+	// nanoseconds, so that no daemon names a file as a previous one did.
+	next uint64
 }
 
 type freeFile struct {
@@ -51,6 +54,9 @@ func (p *filePool) take(dir string, j *journal) (string, error) {
 }
 
 func (p *filePool) name(dir string) string {
+	if p.next == 0 {
+		p.next = uint64(time.Now().UnixNano())
+	}
 	p.next++
 	return filepath.Join(dir, freePrefix+strconv.FormatUint(p.next, 10))
 }
