@@ -1,0 +1,76 @@
+// Package etcdtest starts an embedded single-member etcd server on loopback
+// ports for the tests of the etcd store and of daemons that use it
+// (docs/PROTOCOL.md §8a). Nothing here is for production use.
+package etcdtest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Server is one embedded etcd member. Its methods are safe for concurrent
+// use.
+type Server struct {
+	etcd     *embed.Etcd
+	endpoint string
+}
+
+// Start starts an etcd member with its data in a temporary directory of t,
+// listening on free ports of 127.0.0.1, waits until it serves (at most
+// 30 s) and arranges for it to be stopped when t ends. It fails t when the
+// server cannot start.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Logger = "zap"
+	cfg.LogLevel = "error"
+	cfg.LogOutputs = []string{"stderr"}
+	client, peer := freeURL(t), freeURL(t)
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = cfg.Name + "=" + peer.String()
+	// Short election timings: a single member elects itself at once.
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatalf("etcdtest: start etcd: %v", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		t.Fatal("etcdtest: etcd did not become ready within 30s")
+	}
+	s := &Server{etcd: e, endpoint: client.Host}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Endpoint returns the client address, "127.0.0.1:PORT".
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// Stop stops the server; a second call is a no-op. Clients then see the
+// cluster unreachable.
+func (s *Server) Stop() { s.etcd.Close() }
+
+// freeURL returns an http URL on a free port of 127.0.0.1.
+func freeURL(t testing.TB) url.URL {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("etcdtest: find a free port: %v", err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	u, err := url.Parse(fmt.Sprintf("http://%s", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *u
+}
