@@ -204,7 +204,11 @@ func (s *Store) endDeadOf(ctx context.Context, uid uint32) (bool, error) {
 	for _, kv := range resp.Kvs {
 		resource := strings.TrimPrefix(string(kv.Key), s.k.holders(uid))
 		r, err := s.getLive(ctx, resource)
-		if err != nil || r == nil {
+		if err != nil {
+			return freed, err
+		}
+		if r == nil || r.l.ID != string(kv.Value) {
+			freed = true // ended since it was counted
 			continue
 		}
 		s.mu.Lock()
@@ -216,7 +220,9 @@ func (s *Store) endDeadOf(ctx context.Context, uid uint32) (bool, error) {
 		if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err == nil {
 			s.logEnd(r.l, dead)
 			freed = true
-		} else if !errors.Is(err, errRaced) {
+		} else if errors.Is(err, errRaced) {
+			freed = true
+		} else {
 			return freed, err
 		}
 	}

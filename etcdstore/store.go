@@ -281,7 +281,8 @@ func (s *Store) start(ctx context.Context) error {
 		})
 		s.wg.Go(s.reaper)
 	}
-	s.wg.Go(func() { s.watch(s.rev) })
+	from := s.rev // before any goroutine can change it
+	s.wg.Go(func() { s.watch(from) })
 	return nil
 }
 

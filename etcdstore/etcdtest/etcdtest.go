@@ -29,7 +29,7 @@ func Start(t testing.TB) *Server {
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
+	cfg.LogLevel = "fatal" // a stopped server logs its closed listeners as errors
 	cfg.LogOutputs = []string{"stderr"}
 	client, peer := freeURL(t), freeURL(t)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
