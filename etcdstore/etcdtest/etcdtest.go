@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 // Server is one embedded etcd member. Its methods are safe for concurrent
 // use.
 type Server struct {
+	stop     sync.Once
 	etcd     *embed.Etcd
 	endpoint string
 }
@@ -57,7 +59,7 @@ func (s *Server) Endpoint() string { return s.endpoint }
 
 // Stop stops the server; a second call is a no-op. Clients then see the
 // cluster unreachable.
-func (s *Server) Stop() { s.etcd.Close() }
+func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }
 
 // freeURL returns an http URL on a free port of 127.0.0.1.
 func freeURL(t testing.TB) url.URL {
