@@ -1,0 +1,68 @@
+package integration
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+)
+
+// TestEtcdTwoMounts serves one etcd store (docs/PROTOCOL.md §8a) through
+// two daemons on two mountpoints: a lease reserved through one mount is
+// visible through the other at once and blocks an exclusive create there;
+// its release through the first lets the second reserve.
+func TestEtcdTwoMounts(t *testing.T) {
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-it"}
+	a := startDaemon(t, daemonOpts{extraArgs: store})
+	b := startDaemon(t, daemonOpts{extraArgs: store})
+	pa, pb := filepath.Join(a.mountpoint, "shared"), filepath.Join(b.mountpoint, "shared")
+
+	// B looks the name up first: a cached "no such file" must not hide
+	// A's lease.
+	if _, err := os.Stat(pb); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stat through B before any lease: %v, want ENOENT", err)
+	}
+	f, err := os.OpenFile(pa, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("reserve through A: %v", err)
+	}
+	f.Close()
+	readToken(t, pa) // the first read by the holder is the token
+	stA, _ := statusDoc(t, pa)
+	stB, _ := statusDoc(t, pb)
+	if stB["lease_id"] == "" || stB["lease_id"] != stA["lease_id"] || stB["generation"] != stA["generation"] {
+		t.Fatalf("through B the lease is %v, through A %v; want the same lease", stB, stA)
+	}
+	if ls := mustSh(t, `ls "$M"`, "M="+b.mountpoint).stdout; strings.TrimSpace(ls) != "shared" {
+		t.Errorf("ls through B = %q, want shared", ls)
+	}
+	_, err = os.OpenFile(pb, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("O_EXCL create through B while A holds the lease: %v, want EEXIST", err)
+	}
+
+	if err := os.Remove(pa); err != nil {
+		t.Fatalf("release through A: %v", err)
+	}
+	g, err := os.OpenFile(pb, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("O_EXCL create through B after A released: %v", err)
+	}
+	g.Close()
+	readToken(t, pb)
+	stA2, _ := statusDoc(t, pa)
+	if stA2["lease_id"] == stA["lease_id"] || stA2["holder_uid"] == "" {
+		t.Fatalf("through A after B reserved: %v; want B's new lease", stA2)
+	}
+	for _, d := range []*daemon{a, b} {
+		if code := d.stop(true); code != 0 {
+			t.Errorf("daemon on %s exited %d; stderr:\n%s", d.mountpoint, code, d.stderr())
+		}
+	}
+}
