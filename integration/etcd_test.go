@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
 )
@@ -60,6 +62,38 @@ func TestEtcdTwoMounts(t *testing.T) {
 	if stA2["lease_id"] == stA["lease_id"] || stA2["holder_uid"] == "" {
 		t.Fatalf("through A after B reserved: %v; want B's new lease", stA2)
 	}
+
+	// Handle leases: a flock through A excludes one through B, and a
+	// blocked flock through B is granted when A's open file closes.
+	la, err := os.OpenFile(filepath.Join(a.mountpoint, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Close()
+	if err := syscall.Flock(int(la.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("flock through A: %v", err)
+	}
+	lb, err := os.OpenFile(filepath.Join(b.mountpoint, "lock"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("open through B of A's handle lease: %v", err)
+	}
+	defer lb.Close()
+	if err := syscall.Flock(int(lb.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		t.Fatalf("flock -n through B while A holds: %v, want EWOULDBLOCK", err)
+	}
+	granted := make(chan error, 1)
+	go func() { granted <- syscall.Flock(int(lb.Fd()), syscall.LOCK_EX) }()
+	la.Close()
+	select {
+	case err := <-granted:
+		if err != nil {
+			t.Fatalf("blocking flock through B: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the blocked flock through B was not granted after A closed its file")
+	}
+	lb.Close()
+
 	for _, d := range []*daemon{a, b} {
 		if code := d.stop(true); code != 0 {
 			t.Errorf("daemon on %s exited %d; stderr:\n%s", d.mountpoint, code, d.stderr())
