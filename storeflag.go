@@ -52,7 +52,7 @@ type etcdSpec struct {
 func (sf *storeFlags) parse() (*etcdSpec, error) {
 	if sf.store == "" || sf.store == "file" {
 		if sf.cacert != "" || sf.cert != "" || sf.key != "" || sf.user != "" {
-			return nil, usageError{errors.New("--etcd-* flags need --store etcd://...")}
+			return nil, usageError{errors.New("the --etcd-* flags need an etcd:// --store")}
 		}
 		return nil, nil
 	}
