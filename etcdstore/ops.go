@@ -81,10 +81,12 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 					return leasecore.Grant{}, err
 				}
 				s.logEnd(r.l, dead)
-			} else if _, err := s.cli.Delete(ctx, string(kvs[0].Key)); err != nil { // unreadable: free the name
-				return leasecore.Grant{}, s.unreachable(ctx, "delete", string(kvs[0].Key), err, true)
+				continue
 			}
-			continue
+			// A record this version cannot read (another version's, or
+			// damaged) still holds the name: never delete what may be
+			// another daemon's lease.
+			return leasecore.Grant{}, &leasecore.LeaseHeldError{Holder: leasecore.Lease{Resource: d.Resource, Status: leasecore.StatusActive}}
 		}
 		count := rs[2].GetResponseRange().Count
 		if count >= int64(s.opts.MaxLeasesPerUID) {

@@ -222,3 +222,51 @@ func TestConnectivityLoss(t *testing.T) {
 		t.Logf("%s failed after %v: %v", name, took.Round(10*time.Millisecond), err)
 	}
 }
+
+// Ended records beyond HistoryKeep are pruned, oldest first, and pruning
+// never lowers the generation.
+func TestHistoryPruned(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var opts etcdstore.Options
+	opts.HistoryKeep = 3
+	s := openAt(t, srv, "/prune", opts)
+	var ids []string
+	var last uint64
+	for range 6 {
+		g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Lease.Generation <= last {
+			t.Fatalf("generation %d after %d", g.Lease.Generation, last)
+		}
+		last = g.Lease.Generation
+		if _, err := s.End(ctx, g.Lease.ID, leasecore.StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, g.Lease.ID)
+	}
+	deadline := time.Now().Add(guard)
+	for {
+		hist, err := s.History(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist) == 3 {
+			for i, l := range hist {
+				if want := ids[5-i]; l.ID != want {
+					t.Fatalf("history[%d] = %s, want %s (newest first, oldest pruned)", i, l.ID, want)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history still holds %d records, want 3", len(hist))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := s.Load(ctx, ids[0]); !errors.Is(err, leasecore.ErrNotFound) {
+		t.Errorf("Load of a pruned lease: %v, want ErrNotFound", err)
+	}
+}

@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -429,10 +430,11 @@ func (s *Store) prune(ctx context.Context) error {
 }
 
 // Close ends the handle leases this store keeps alive (their open files
-// die with the daemon, docs/PROTOCOL.md §8b), each within the call
-// timeout, stops the watch, the reaper and every keep-alive, revokes the
-// session lease and ends every change feed. Further calls return
-// ErrClosed. Safe for concurrent use; a second Close is a no-op.
+// die with the daemon, docs/PROTOCOL.md §8b) and revokes its session lease,
+// all at once and within one call timeout in all, then stops the watch,
+// the reaper and every keep-alive and ends every change feed. Further
+// calls return ErrClosed. Safe for concurrent use; a second Close is a
+// no-op.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -444,11 +446,20 @@ func (s *Store) Close() error {
 		ids = append(ids, id)
 	}
 	s.mu.Unlock()
+	ctx, done := s.call(context.Background())
+	var wg sync.WaitGroup
 	for _, id := range ids {
-		if _, err := s.End(context.Background(), id, leasecore.StatusAbandoned); err != nil && !errors.Is(err, leasecore.ErrInactive) {
-			s.opts.Logger.Warn("ending a handle lease at close", "lease", id, "err", err)
-		}
+		wg.Go(func() {
+			if _, err := s.End(ctx, id, leasecore.StatusAbandoned); err != nil && !errors.Is(err, leasecore.ErrInactive) {
+				s.opts.Logger.Warn("ending a handle lease at close; it expires by its TTL", "lease", id, "err", err)
+			}
+		})
 	}
+	if s.session != 0 {
+		wg.Go(func() { _, _ = s.cli.Revoke(ctx, s.session) })
+	}
+	wg.Wait()
+	done()
 	s.mu.Lock()
 	s.closed = true
 	for _, ch := range s.changed {
@@ -456,11 +467,6 @@ func (s *Store) Close() error {
 	}
 	s.changed = map[string]chan struct{}{}
 	s.mu.Unlock()
-	if s.session != 0 {
-		ctx, done := s.call(context.Background())
-		_, _ = s.cli.Revoke(ctx, s.session)
-		done()
-	}
 	s.cancel()
 	s.wg.Wait()
 	s.feed.close()

@@ -100,3 +100,28 @@ func TestEtcdTwoMounts(t *testing.T) {
 		}
 	}
 }
+
+// When the daemon loses the etcd cluster for longer than the lease
+// duration, the handle lease of `leasefs lock` ends: the command gets
+// SIGTERM and lock exits 4, as when the daemon stops (docs/PROTOCOL.md
+// §8a).
+func TestEtcdLockLostWithCluster(t *testing.T) {
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second,
+		extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + "/leasefs-lost"}})
+	p := startProc(t, []string{"LEASEFS_MOUNT=" + d.mountpoint}, leasefsBin, "lock", "--grace", "5s", "job", "--",
+		"bash", "-c", `trap 'echo got-term; exit 0' TERM; echo running; while :; do sleep 0.05; done`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	cut := time.Now()
+	proxy.Cut()
+	r := p.wait(20 * time.Second)
+	if r.code != 4 || !strings.Contains(r.stdout, "got-term") {
+		t.Fatalf("lock whose daemon lost the cluster: exit %d, want 4 after the command got SIGTERM: %s", r.code, r)
+	}
+	t.Logf("lock was told %v after the cluster went away (lease duration 2s)", time.Since(cut).Round(10*time.Millisecond))
+	began := time.Now()
+	d.stop(false)
+	t.Logf("the daemon stopped in %v without its cluster", time.Since(began).Round(10*time.Millisecond))
+}
