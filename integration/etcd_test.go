@@ -44,6 +44,10 @@ func TestEtcdTwoMounts(t *testing.T) {
 	if ls := mustSh(t, `ls "$M"`, "M="+b.mountpoint).stdout; strings.TrimSpace(ls) != "shared" {
 		t.Errorf("ls through B = %q, want shared", ls)
 	}
+	ls := runClient(t, nil, append([]string{leasefsBin, "ls", "--json"}, store...)...)
+	if ls.code != 0 || !strings.Contains(ls.stdout, stA["lease_id"]) {
+		t.Errorf("leasefs ls --store etcd://… does not list the lease: %s", ls)
+	}
 	_, err = os.OpenFile(pb, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
 	if !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("O_EXCL create through B while A holds the lease: %v, want EEXIST", err)
