@@ -18,7 +18,7 @@ import (
 var prefixes atomic.Int64
 
 // open opens a store under a fresh prefix of srv.
-func open(t *testing.T, srv *etcdtest.Server, opts etcdstore.Options) *etcdstore.Store {
+func open(t testing.TB, srv *etcdtest.Server, opts etcdstore.Options) *etcdstore.Store {
 	t.Helper()
 	s, err := etcdstore.Open(context.Background(), []string{srv.Endpoint()},
 		fmt.Sprintf("/test/%d", prefixes.Add(1)), opts)
