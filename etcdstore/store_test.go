@@ -221,6 +221,29 @@ func TestConnectivityLoss(t *testing.T) {
 		}
 		t.Logf("%s failed after %v: %v", name, took.Round(10*time.Millisecond), err)
 	}
+
+	// Back on the cluster, the name is free and the lease is recorded as
+	// abandoned. (Here etcd itself expired the key, since only the path
+	// to it was cut; the store's own removal of a lost lease's key, for an
+	// etcd lease the cluster kept alive, is not exercised.)
+	proxy.Resume(t)
+	deadline := time.Now().Add(guard)
+	for {
+		_, err := s.Live(ctx, "h")
+		if errors.Is(err, leasecore.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Live of the lost handle lease after the cluster came back: %v, want ErrNotFound", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if l, err := s.Load(ctx, h.Lease.ID); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Fatalf("Load of the lost handle lease = %+v, %v; want it abandoned", l, err)
+	}
+	if _, err := s.Reserve(ctx, leasecore.Draft{Resource: "h", HolderUID: 2}); err != nil {
+		t.Fatalf("Reserve of the freed name: %v", err)
+	}
 }
 
 // Ended records beyond HistoryKeep are pruned, oldest first, and pruning

@@ -37,6 +37,23 @@ func NewProxy(t testing.TB, target string) *Proxy {
 // Endpoint returns the proxy's address, "127.0.0.1:PORT".
 func (p *Proxy) Endpoint() string { return p.l.Addr().String() }
 
+// Resume listens again on the same address after [Proxy.Cut]: the cluster
+// is back. It fails t when the port was taken meanwhile.
+func (p *Proxy) Resume(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.cut {
+		return
+	}
+	l, err := net.Listen("tcp", p.l.Addr().String())
+	if err != nil {
+		t.Fatalf("etcdtest: proxy listen again: %v", err)
+	}
+	p.l, p.cut, p.conns = l, false, nil
+	p.wg.Go(p.accept)
+}
+
 // Cut closes the listener and every forwarded connection and waits for the
 // forwarding goroutines; a second call is a no-op.
 func (p *Proxy) Cut() {
@@ -55,8 +72,11 @@ func (p *Proxy) Cut() {
 }
 
 func (p *Proxy) accept() {
+	p.mu.Lock()
+	l := p.l
+	p.mu.Unlock()
 	for {
-		in, err := p.l.Accept()
+		in, err := l.Accept()
 		if err != nil {
 			return
 		}
