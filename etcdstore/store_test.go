@@ -12,6 +12,7 @@ import (
 	"github.com/leasefs/leasefs/etcdstore"
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
 	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 	"github.com/leasefs/leasefs/leasecore/storetest"
 )
 
@@ -291,5 +292,42 @@ func TestHistoryPruned(t *testing.T) {
 	}
 	if _, err := s.Load(ctx, ids[0]); !errors.Is(err, leasecore.ErrNotFound) {
 		t.Errorf("Load of a pruned lease: %v, want ErrNotFound", err)
+	}
+}
+
+// A token lease nobody renews is expired by the cluster (its etcd lease's
+// TTL), with the store's own clock standing still: the end is published as
+// expired, recorded as abandoned, and a late Renew is refused as for an
+// ended lease.
+func TestExpiryIsTheClusters(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var opts etcdstore.Options
+	opts.LeaseDuration = time.Second
+	opts.Clock = clocktest.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	s := openAt(t, srv, "/ttl", opts)
+	feed := s.Watch(ctx)
+	g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := awaitEvent(t, feed, g.Lease.ID, leasecore.EventEnded)
+	if ev.Change != leasecore.ChangeExpired || ev.Lease.Status != leasecore.StatusAbandoned {
+		t.Fatalf("end by the TTL reported as %+v (change %d), want expired", ev.Lease, ev.Change)
+	}
+	_, err = s.Renew(ctx, g.Lease.ID, g.Token, nil)
+	if !errors.Is(err, leasecore.ErrInactive) {
+		t.Fatalf("Renew after the etcd lease expired: %v, want ErrInactive", err)
+	}
+	deadline := time.Now().Add(guard)
+	for {
+		hist, err := s.History(ctx, "x")
+		if err == nil && len(hist) == 1 && hist[0].ID == g.Lease.ID && hist[0].Status == leasecore.StatusAbandoned {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("History = %+v, %v; want the expired lease, abandoned", hist, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
