@@ -93,6 +93,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
+	closing bool // Close has begun: the session is not granted again
 	rev     int64                    // highest revision seen
 	known   map[string]*known        // lease id → what this store knows of it
 	live    map[string]*rec          // resource → live lease, as the watch last showed it
@@ -264,26 +265,71 @@ func (s *Store) start(ctx context.Context) error {
 			s.opts.Logger.Info("lease ended", "resource", r.l.Resource, "lease", r.l.ID,
 				"status", leasecore.StatusAbandoned, "reason", "handle lease of a previous daemon")
 		}
-		cctx, done := s.call(ctx)
-		g, err := s.cli.Grant(cctx, int64((s.opts.SessionTTL+time.Second-1)/time.Second))
-		done()
+		ka, err := s.grantSession(ctx)
 		if err != nil {
-			return fmt.Errorf("etcdstore: grant the session lease: %w", err)
+			return err
 		}
-		s.session = g.ID
-		ka, err := s.cli.KeepAlive(s.bg, g.ID)
-		if err != nil {
-			return fmt.Errorf("etcdstore: keep the session lease alive: %w", err)
-		}
-		s.wg.Go(func() {
-			for range ka {
-			}
-		})
+		s.wg.Go(func() { s.keepSession(ka) })
 		s.wg.Go(s.reaper)
 	}
 	from := s.rev // before any goroutine can change it
 	s.wg.Go(func() { s.watch(from) })
 	return nil
+}
+
+// grantSession grants a new session lease for waiter keys and starts its
+// keep-alive.
+func (s *Store) grantSession(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	cctx, done := s.call(ctx)
+	g, err := s.cli.Grant(cctx, int64((s.opts.SessionTTL+time.Second-1)/time.Second))
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: grant the session lease: %w", err)
+	}
+	ka, err := s.cli.KeepAlive(s.bg, g.ID)
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: keep the session lease alive: %w", err)
+	}
+	s.mu.Lock()
+	s.session = g.ID
+	s.mu.Unlock()
+	return ka, nil
+}
+
+// keepSession drains the session's keep-alive until the store closes;
+// when the session is lost (the cluster was unreachable past its TTL, and
+// with it this store's waiter keys), it grants a new one, retrying each
+// second. Blocked Acquires find their waiter key gone and queue again.
+func (s *Store) keepSession(ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for {
+		for range ka {
+		}
+		for {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing || s.bg.Err() != nil {
+				return
+			}
+			var err error
+			if ka, err = s.grantSession(s.bg); err == nil {
+				s.opts.Logger.Warn("the etcd session of waiter keys was lost and granted again")
+				break
+			}
+			select {
+			case <-s.bg.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// sessionID returns the current session lease.
+func (s *Store) sessionID() clientv3.LeaseID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.session
 }
 
 // call bounds one cluster call by the call timeout.

@@ -218,7 +218,7 @@ func (s *Store) Acquire(ctx context.Context, d leasecore.Draft) (leasecore.Grant
 func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
 	key := s.k.waiters(d.Resource) + leasecore.NewLeaseID()
 	cctx, done := s.call(ctx)
-	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.session))
+	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID()))
 	done()
 	if err != nil {
 		return leasecore.Grant{}, s.unreachable(ctx, "queue", key, err, false)
@@ -441,6 +441,7 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
+	s.closing = true
 	var ids []string
 	for id := range s.handles {
 		ids = append(ids, id)
@@ -455,8 +456,8 @@ func (s *Store) Close() error {
 			}
 		})
 	}
-	if s.session != 0 {
-		wg.Go(func() { _, _ = s.cli.Revoke(ctx, s.session) })
+	if session := s.sessionID(); session != 0 {
+		wg.Go(func() { _, _ = s.cli.Revoke(ctx, session) })
 	}
 	wg.Wait()
 	done()

@@ -4,8 +4,6 @@
 package etcdtest
 
 import (
-	"fmt"
-	"net"
 	"net/url"
 	"sync"
 	"testing"
@@ -33,7 +31,10 @@ func Start(t testing.TB) *Server {
 	cfg.Logger = "zap"
 	cfg.LogLevel = "fatal" // a stopped server logs its closed listeners as errors
 	cfg.LogOutputs = []string{"stderr"}
-	client, peer := freeURL(t), freeURL(t)
+	// Port 0: the kernel picks free ports as the listeners open, so that
+	// parallel tests cannot collide. A single member never dials its peer
+	// URL, and clients are given the client listener's real address.
+	client, peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}, url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	cfg.InitialCluster = cfg.Name + "=" + peer.String()
@@ -49,7 +50,7 @@ func Start(t testing.TB) *Server {
 		e.Close()
 		t.Fatal("etcdtest: etcd did not become ready within 30s")
 	}
-	s := &Server{etcd: e, endpoint: client.Host}
+	s := &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}
 	t.Cleanup(s.Stop)
 	return s
 }
@@ -60,19 +61,3 @@ func (s *Server) Endpoint() string { return s.endpoint }
 // Stop stops the server; a second call is a no-op. Clients then see the
 // cluster unreachable.
 func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }
-
-// freeURL returns an http URL on a free port of 127.0.0.1.
-func freeURL(t testing.TB) url.URL {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("etcdtest: find a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	u, err := url.Parse(fmt.Sprintf("http://%s", addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return *u
-}
