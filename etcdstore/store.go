@@ -93,7 +93,7 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	closing bool // Close has begun: the session is not granted again
+	closing bool                     // Close has begun: the session is not granted again
 	rev     int64                    // highest revision seen
 	known   map[string]*known        // lease id → what this store knows of it
 	live    map[string]*rec          // resource → live lease, as the watch last showed it
