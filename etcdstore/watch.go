@@ -13,7 +13,7 @@ import (
 )
 
 // Watch returns the change feed: every event from now on, in order, until
-// ctx is done or the store is closes; see [leasecore.Store.Watch]. Events
+// ctx is done or the store closes; see [leasecore.Store.Watch]. Events
 // of every mount of the store come from one etcd watch of the prefix, in
 // revision order; the end of a handle lease whose keep-alive this store
 // lost is published by this store alone.
