@@ -314,10 +314,23 @@ func (s *Store) lookup(ctx context.Context, id string) (byID, error) {
 	if err := leasecore.ValidateLeaseID(id); err != nil {
 		return byID{}, err
 	}
+	found, again, err := s.lookupOnce(ctx, id)
+	if again {
+		// Its history record was written between the read and now: read
+		// again, by id.
+		found, _, err = s.lookupOnce(ctx, id)
+	}
+	return found, err
+}
+
+// lookupOnce is one try of lookup; again says that the lease ended while
+// it read and should be read once more.
+func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bool, err error) {
 	s.mu.Lock()
 	k := s.known[id]
 	var resource string
 	var lost *leasecore.Lease
+	wasKnown := k != nil
 	if k != nil {
 		resource = k.resource
 		if k.lost {
@@ -328,24 +341,24 @@ func (s *Store) lookup(ctx context.Context, id string) (byID, error) {
 	}
 	s.mu.Unlock()
 	if lost != nil {
-		return byID{ended: lost}, nil
+		return byID{ended: lost}, false, nil
 	}
 	if resource == "" {
 		cctx, done := s.call(ctx)
 		resp, err := s.cli.Txn(cctx).Then(clientv3.OpGet(s.k.id(id)), clientv3.OpGet(s.k.history(id))).Commit()
 		done()
 		if err != nil {
-			return byID{}, s.unreachable(ctx, "read", s.k.id(id), err, false)
+			return byID{}, false, s.unreachable(ctx, "read", s.k.id(id), err, false)
 		}
 		s.seeRev(resp.Header.Revision)
 		if h := resp.Responses[1].GetResponseRange().Kvs; len(h) > 0 {
 			if r, err := s.decode(h[0], false); err == nil {
-				return byID{ended: &r.l}, nil
+				return byID{ended: &r.l}, false, nil
 			}
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			return byID{}, fmt.Errorf("%w: lease %s", leasecore.ErrNotFound, id)
+			return byID{}, false, fmt.Errorf("%w: lease %s", leasecore.ErrNotFound, id)
 		}
 		resource = string(kvs[0].Value)
 	}
@@ -357,17 +370,17 @@ func (s *Store) lookup(ctx context.Context, id string) (byID, error) {
 	).Commit()
 	done()
 	if err != nil {
-		return byID{}, s.unreachable(ctx, "read", s.k.live(resource), err, false)
+		return byID{}, false, s.unreachable(ctx, "read", s.k.live(resource), err, false)
 	}
 	s.seeRev(resp.Header.Revision)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if r, err := s.decode(kvs[0], true); err == nil && r.l.ID == id {
-			return byID{live: r, waiters: resp.Responses[2].GetResponseRange().Count}, nil
+			return byID{live: r, waiters: resp.Responses[2].GetResponseRange().Count}, false, nil
 		}
 	}
 	if h := resp.Responses[1].GetResponseRange().Kvs; len(h) > 0 {
 		if r, err := s.decode(h[0], false); err == nil {
-			return byID{ended: &r.l}, nil
+			return byID{ended: &r.l}, false, nil
 		}
 	}
 	s.mu.Lock()
@@ -379,9 +392,11 @@ func (s *Store) lookup(ctx context.Context, id string) (byID, error) {
 		if l.CompletedAt.IsZero() {
 			l.CompletedAt = s.opts.Clock.Now().UTC()
 		}
-		return byID{ended: &l}, nil
+		return byID{ended: &l}, false, nil
 	}
-	return byID{}, fmt.Errorf("%w: lease %s", leasecore.ErrNotFound, id)
+	// Known when the read began and forgotten since: its history is
+	// written now.
+	return byID{}, wasKnown, fmt.Errorf("%w: lease %s", leasecore.ErrNotFound, id)
 }
 
 // mutate runs change on live lease id after checking token when given, and
