@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -26,6 +27,11 @@ type Server struct {
 // server cannot start.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, nil)
+}
+
+func start(t testing.TB, tlsFiles *TLSFiles) *Server {
+	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Logger = "zap"
@@ -35,6 +41,13 @@ func Start(t testing.TB) *Server {
 	// parallel tests cannot collide. A single member never dials its peer
 	// URL, and clients are given the client listener's real address.
 	client, peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}, url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	if tlsFiles != nil {
+		client.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile: tlsFiles.serverCert, KeyFile: tlsFiles.serverKey,
+			TrustedCAFile: tlsFiles.CA, ClientCertAuth: true,
+		}
+	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	cfg.InitialCluster = cfg.Name + "=" + peer.String()
