@@ -178,6 +178,7 @@ func optionalArg(name string) cobra.PositionalArgs {
 
 func newMountCmd(stderr io.Writer) *cobra.Command {
 	var opts mount.Options
+	var sf storeFlags
 	var debug bool
 	var logFormat string
 	cmd := &cobra.Command{
@@ -190,7 +191,8 @@ state fails at once and names the holder, unless --takeover asks it to
 hand over. Root mounts directly; other users through fusermount3.`,
 		Example: `  leasefs mount /mnt/leases
   leasefs mount --state /srv/leases --lease-duration 60s --allow-other /mnt/leases
-  leasefs mount --takeover /mnt/leases      # replace the running daemon, keep token leases`,
+  leasefs mount --takeover /mnt/leases      # replace the running daemon, keep token leases
+  leasefs mount --store etcd://etcd1:2379,etcd2:2379/leasefs /mnt/leases   # share leases across machines`,
 		Args: func(_ *cobra.Command, a []string) error {
 			switch {
 			case len(a) == 0:
@@ -214,6 +216,15 @@ hand over. Root mounts directly; other users through fusermount3.`,
 			if opts.MetricsAddr != "" {
 				if _, _, err := net.SplitHostPort(opts.MetricsAddr); err != nil {
 					return usageError{fmt.Errorf("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9623", opts.MetricsAddr)}
+				}
+			}
+			spec, err := sf.parse()
+			if err != nil {
+				return err
+			}
+			if spec != nil {
+				if opts.OpenStore, err = etcdOpener(spec, &sf, &opts); err != nil {
+					return err
 				}
 			}
 			opts.Mountpoint = a[0]
@@ -243,6 +254,7 @@ hand over. Root mounts directly; other users through fusermount3.`,
 	f.BoolVar(&debug, "debug", false, "log debug messages")
 	f.StringVar(&logFormat, "log-format", "text", "log as text or json (log/slog handlers)")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")
+	sf.add(f)
 	return cmd
 }
 
@@ -303,6 +315,7 @@ func age(d time.Duration) string {
 func newLsCmd(stdout io.Writer) *cobra.Command {
 	var state string
 	var asJSON bool
+	var sf storeFlags
 	cmd := &cobra.Command{
 		Use:   "ls [--state DIR] [--json]",
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
@@ -315,9 +328,9 @@ key of each lease's status document.`,
   leasefs ls --state /srv/leases --json | jq -r '.[] | select(.mode == "handle") | .resource'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := openReadOnly(state, cmd.ErrOrStderr())
+			s, err := openForReading(cmd.Context(), state, &sf, cmd.ErrOrStderr())
 			if err != nil {
-				return storeError(state, err)
+				return err
 			}
 			defer s.Close()
 			leases, err := s.List(cmd.Context())
@@ -343,12 +356,14 @@ key of each lease's status document.`,
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	sf.add(cmd.Flags())
 	return cmd
 }
 
 func newHistoryCmd(stdout io.Writer) *cobra.Command {
 	var state string
 	var asJSON bool
+	var sf storeFlags
 	cmd := &cobra.Command{
 		Use:   "history [--state DIR] [RESOURCE] [--json]",
 		Short: "List ended leases, newest first",
@@ -363,9 +378,9 @@ daemon), newest first, of every resource or of RESOURCE: how each ended
 			if len(a) == 1 {
 				resource = a[0]
 			}
-			s, err := openReadOnly(state, cmd.ErrOrStderr())
+			s, err := openForReading(cmd.Context(), state, &sf, cmd.ErrOrStderr())
 			if err != nil {
-				return storeError(state, err)
+				return err
 			}
 			defer s.Close()
 			leases, err := s.History(cmd.Context(), resource)
@@ -386,6 +401,7 @@ daemon), newest first, of every resource or of RESOURCE: how each ended
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	sf.add(cmd.Flags())
 	return cmd
 }
 

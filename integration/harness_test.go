@@ -180,6 +180,7 @@ type daemonOpts struct {
 	takeoverTimeout time.Duration // 0: the daemon's default --takeover-timeout
 	env             []string      // KEY=VALUE entries added to the daemon's environment
 	metricsAddr     string        // non-empty: pass --metrics-addr (see [daemon.metricsURL])
+	extraArgs       []string      // more flags of leasefs mount, e.g. --store etcd://…
 }
 
 // daemon is one running `leasefs mount` process started by [startDaemon].
@@ -233,6 +234,7 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	if opts.metricsAddr != "" {
 		args = append(args, "--metrics-addr", opts.metricsAddr)
 	}
+	args = append(args, opts.extraArgs...)
 	args = append(args, mp)
 
 	d := &daemon{t: t, mountpoint: mp, state: state, errBuf: newLogBuffer(mountedRE), exited: make(chan struct{})}

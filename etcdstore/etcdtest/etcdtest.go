@@ -1,0 +1,76 @@
+// Package etcdtest starts an embedded single-member etcd server on loopback
+// ports for the tests of the etcd store and of daemons that use it
+// (docs/PROTOCOL.md §8a). Nothing here is for production use.
+package etcdtest
+
+import (
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Server is one embedded etcd member. Its methods are safe for concurrent
+// use.
+type Server struct {
+	stop     sync.Once
+	etcd     *embed.Etcd
+	endpoint string
+}
+
+// Start starts an etcd member with its data in a temporary directory of t,
+// listening on free ports of 127.0.0.1, waits until it serves (at most
+// 30 s) and arranges for it to be stopped when t ends. It fails t when the
+// server cannot start.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	return start(t, nil)
+}
+
+func start(t testing.TB, tlsFiles *TLSFiles) *Server {
+	t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Logger = "zap"
+	cfg.LogLevel = "fatal" // a stopped server logs its closed listeners as errors
+	cfg.LogOutputs = []string{"stderr"}
+	// Port 0: the kernel picks free ports as the listeners open, so that
+	// parallel tests cannot collide. A single member never dials its peer
+	// URL, and clients are given the client listener's real address.
+	client, peer := url.URL{Scheme: "http", Host: "127.0.0.1:0"}, url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	if tlsFiles != nil {
+		client.Scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile: tlsFiles.serverCert, KeyFile: tlsFiles.serverKey,
+			TrustedCAFile: tlsFiles.CA, ClientCertAuth: true,
+		}
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+	cfg.InitialCluster = cfg.Name + "=" + peer.String()
+	// Short election timings: a single member elects itself at once.
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatalf("etcdtest: start etcd: %v", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		t.Fatal("etcdtest: etcd did not become ready within 30s")
+	}
+	s := &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Endpoint returns the client address, "127.0.0.1:PORT".
+func (s *Server) Endpoint() string { return s.endpoint }
+
+// Stop stops the server; a second call is a no-op. Clients then see the
+// cluster unreachable.
+func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }

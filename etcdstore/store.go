@@ -1,0 +1,513 @@
+// Package etcdstore is the etcd store of docs/PROTOCOL.md §8a: a
+// [leasecore.Store] whose leases live in an etcd v3 cluster, so that
+// leasefs mounts on many machines share one lease namespace and serve it
+// with the same file protocol.
+//
+// A lease is the key PREFIX/live/<resource>, holding its record (the TOML
+// of docs/PROTOCOL.md §4.3) and bound to an etcd lease whose TTL is the
+// lease duration. Reserve is a transaction that succeeds only if the key
+// does not exist; its revision is the lease's generation (etcd revisions
+// are cluster-wide and strictly increasing, so generations are too).
+// Renew compares the key's mod revision, writes the new heartbeat and
+// keeps the etcd lease alive; release deletes the key, writes the ended
+// record under PREFIX/history/ in the same transaction, then revokes. The
+// key layout is documented on [keys] and in docs/PROTOCOL.md §8a.
+//
+// Reads (Live, Load, List, ListDir, History) are linearizable etcd reads:
+// a change made through any mount is seen by the next read through every
+// other. The change feed ([Store.Watch]) follows an etcd watch of PREFIX.
+package etcdstore
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// DefaultCallTimeout bounds every call to the cluster.
+const DefaultCallTimeout = 5 * time.Second
+
+// DefaultSessionTTL is the TTL of a store's session lease, which holds its
+// waiter keys: the waiters of a daemon that died leave the queue after it.
+const DefaultSessionTTL = 10 * time.Second
+
+// Options configure [Open]. The zero value works: every zero field takes
+// its documented default.
+type Options struct {
+	// Options are the store options shared with the file store:
+	// LeaseDuration (also the TTL of the etcd lease of every lease,
+	// rounded up to whole seconds), HistoryKeep, MaxLeasesPerUID,
+	// ReapInterval, Clock, Host, ReadOnly and Logger. NoDaemon and
+	// OnCommit are ignored.
+	leasecore.Options
+	// DaemonID names this daemon among the daemons of its host (default
+	// the host): a store that opens ends the handle leases left by a
+	// previous daemon of the same Host and DaemonID, and no others
+	// (docs/PROTOCOL.md §8a). The mount passes its state directory.
+	DaemonID string
+	// CallTimeout bounds each call to the cluster; default
+	// [DefaultCallTimeout]. A call that times out fails with an error
+	// matching [leasecore.ErrOutcomeUnknown] when it may have changed the
+	// store.
+	CallTimeout time.Duration
+	// SessionTTL is the TTL of the session lease of this store's waiter
+	// keys; default [DefaultSessionTTL].
+	SessionTTL time.Duration
+	// TLS, when set, is used to reach the cluster.
+	TLS *tls.Config
+	// Username and Password authenticate to the cluster when Username is
+	// set.
+	Username, Password string
+}
+
+// Store is a [leasecore.Store] kept in etcd. Safe for concurrent use.
+type Store struct {
+	cli    *clientv3.Client
+	opts   Options
+	k      keys
+	bootID string
+	ttl    int64 // seconds
+
+	bg     context.Context // cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	feed   feed
+	kick   chan struct{}
+
+	session clientv3.LeaseID // of waiter keys; 0 for a read-only store
+
+	mu      sync.Mutex
+	closed  bool
+	closing bool                     // Close has begun: the session is not granted again
+	rev     int64                    // highest revision seen
+	known   map[string]*known        // lease id → what this store knows of it
+	live    map[string]*rec          // resource → live lease, as the watch last showed it
+	handles map[string]*handle       // lease id → keep-alive of a handle lease of this store
+	changed map[string]chan struct{} // resource → closed at its next change
+	ended   int                      // leases ended since the last prune
+}
+
+// known is what a store knows of a lease it has seen: enough to answer for
+// it by id when its live key is gone and its history is not yet written.
+type known struct {
+	resource string
+	last     leasecore.Lease
+	// hb and hbMono are the heartbeat last seen and when, on the store's
+	// monotonic clock (docs/PROTOCOL.md §5 rule 1).
+	hb     time.Time
+	hbMono time.Duration
+	// lost: the keep-alive of this handle lease failed for longer than
+	// its TTL; the lease ended for this store (published), even if the
+	// cluster cannot yet be told.
+	lost bool
+}
+
+// handle is the keep-alive of one handle lease held by this store.
+type handle struct {
+	cancel context.CancelFunc
+}
+
+// rec is a decoded lease key.
+type rec struct {
+	l      leasecore.Lease
+	hash   string
+	change string // the change that wrote it, see changeName
+	daemon string
+	kv     *mvccpb.KeyValue
+}
+
+// extra holds this store's keys in a record beside the fields of §4.3; the
+// record decoder of leasecore ignores them.
+type extra struct {
+	Change string `toml:"leasefs_change"`
+	Daemon string `toml:"leasefs_daemon"`
+}
+
+// Names of changes recorded in records (leasefs_change).
+const (
+	chReserved = "reserved"
+	chRenewed  = "renewed"
+	chBound    = "bound"
+	chTakeover = "takeover"
+	chReleased = "released"
+	chExpired  = "expired"
+	chAnnotate = "annotated"
+)
+
+var changeOf = map[string]leasecore.Change{
+	chReserved: leasecore.ChangeReserved, chRenewed: leasecore.ChangeRenewed,
+	chBound: leasecore.ChangeBound, chTakeover: leasecore.ChangeTakeoverRequested,
+	chReleased: leasecore.ChangeReleased, chExpired: leasecore.ChangeExpired,
+}
+
+var _ leasecore.Store = (*Store)(nil)
+
+// Open connects to the cluster at endpoints ("HOST:PORT") and serves the
+// leases under prefix (a "/" is appended when missing; "" is refused). It
+// reads the live leases, ends the handle leases this daemon (Host and
+// DaemonID) left when it last stopped, and starts the watch and the
+// reaper. Errors: the cluster cannot be reached within opts.CallTimeout;
+// an invalid prefix.
+func Open(ctx context.Context, endpoints []string, prefix string, opts Options) (*Store, error) {
+	if prefix == "" || len(endpoints) == 0 {
+		return nil, errors.New("etcdstore: endpoints and a key prefix are required")
+	}
+	if !strings.HasSuffix(prefix, "/") {
+		prefix += "/"
+	}
+	if opts.LeaseDuration <= 0 {
+		opts.LeaseDuration = leasecore.DefaultLeaseDuration
+	}
+	if opts.HistoryKeep <= 0 {
+		opts.HistoryKeep = leasecore.DefaultHistoryKeep
+	}
+	if opts.MaxLeasesPerUID <= 0 {
+		opts.MaxLeasesPerUID = leasecore.DefaultMaxLeasesPerUID
+	}
+	if opts.ReapInterval <= 0 {
+		opts.ReapInterval = min(max(opts.LeaseDuration/10, 50*time.Millisecond), time.Second)
+	}
+	if opts.Clock == nil {
+		opts.Clock = leasecore.NewSystemClock()
+	}
+	if opts.Host == "" {
+		opts.Host = leasecore.Hostname()
+	}
+	if opts.DaemonID == "" {
+		opts.DaemonID = opts.Host
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
+	}
+	if opts.SessionTTL <= 0 {
+		opts.SessionTTL = DefaultSessionTTL
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: opts.CallTimeout,
+		// Detect a dead connection within about a call timeout.
+		DialKeepAliveTime:    opts.CallTimeout,
+		DialKeepAliveTimeout: opts.CallTimeout,
+		TLS:                  opts.TLS,
+		Username:             opts.Username,
+		Password:             opts.Password,
+		Logger:               zap.NewNop(),
+		Context:              context.Background(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: connect to %s: %w", strings.Join(endpoints, ","), err)
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		cli: cli, opts: opts, k: keys(prefix), bootID: leasecore.BootID(),
+		ttl: int64((opts.LeaseDuration + time.Second - 1) / time.Second),
+		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
+		known: make(map[string]*known), live: make(map[string]*rec),
+		handles: make(map[string]*handle), changed: make(map[string]chan struct{}),
+	}
+	if err := s.start(ctx); err != nil {
+		cancel()
+		cli.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// start loads the live leases, ends this daemon's previous handle leases,
+// grants the session lease and starts the watch, the reaper and the
+// session keep-alive.
+func (s *Store) start(ctx context.Context) error {
+	cctx, done := s.call(ctx)
+	resp, err := s.cli.Get(cctx, s.k.livePrefix(""), clientv3.WithPrefix())
+	done()
+	if err != nil {
+		return fmt.Errorf("etcdstore: read the live leases under %s: %w", s.k, err)
+	}
+	s.rev = resp.Header.Revision
+	var stale []*rec
+	for _, kv := range resp.Kvs {
+		r, err := s.decode(kv, true)
+		if err != nil {
+			s.opts.Logger.Warn("ignoring a malformed lease key", "key", string(kv.Key), "err", err)
+			continue
+		}
+		s.live[r.l.Resource] = r
+		s.remember(r)
+		if !s.opts.ReadOnly && r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
+			stale = append(stale, r)
+		}
+	}
+	if !s.opts.ReadOnly {
+		for _, r := range stale {
+			// Handle leases cannot outlive their open files, which died
+			// with the previous daemon (docs/PROTOCOL.md §2).
+			if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err != nil && !errors.Is(err, errRaced) {
+				return err
+			}
+			s.opts.Logger.Info("lease ended", "resource", r.l.Resource, "lease", r.l.ID,
+				"status", leasecore.StatusAbandoned, "reason", "handle lease of a previous daemon")
+		}
+		ka, err := s.grantSession(ctx)
+		if err != nil {
+			return err
+		}
+		s.wg.Go(func() { s.keepSession(ka) })
+		s.wg.Go(s.reaper)
+	}
+	from := s.rev // before any goroutine can change it
+	s.wg.Go(func() { s.watch(from) })
+	return nil
+}
+
+// grantSession grants a new session lease for waiter keys and starts its
+// keep-alive.
+func (s *Store) grantSession(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	cctx, done := s.call(ctx)
+	g, err := s.cli.Grant(cctx, int64((s.opts.SessionTTL+time.Second-1)/time.Second))
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: grant the session lease: %w", err)
+	}
+	ka, err := s.cli.KeepAlive(s.bg, g.ID)
+	if err != nil {
+		return nil, fmt.Errorf("etcdstore: keep the session lease alive: %w", err)
+	}
+	s.mu.Lock()
+	s.session = g.ID
+	s.mu.Unlock()
+	return ka, nil
+}
+
+// keepSession drains the session's keep-alive until the store closes;
+// when the session is lost (the cluster was unreachable past its TTL, and
+// with it this store's waiter keys), it grants a new one, retrying each
+// second. Blocked Acquires find their waiter key gone and queue again.
+func (s *Store) keepSession(ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	for {
+		for range ka {
+		}
+		for {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing || s.bg.Err() != nil {
+				return
+			}
+			var err error
+			if ka, err = s.grantSession(s.bg); err == nil {
+				s.opts.Logger.Warn("the etcd session of waiter keys was lost and granted again")
+				break
+			}
+			select {
+			case <-s.bg.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// sessionID returns the current session lease.
+func (s *Store) sessionID() clientv3.LeaseID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.session
+}
+
+// call bounds one cluster call by the call timeout.
+func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.CallTimeout)
+}
+
+// errRaced: a transaction's comparison failed because another change came
+// first; the caller reads again.
+var errRaced = errors.New("etcdstore: raced with another change")
+
+// unreachable wraps a failed cluster call. A change that may have been
+// applied (applied) matches [leasecore.ErrOutcomeUnknown]; every failure is
+// a *[leasecore.PersistError], which fusefs answers with EIO. A call ended
+// by the caller's own ctx returns ctx's error.
+func (s *Store) unreachable(ctx context.Context, op, key string, err error, applied bool) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return leasecore.ErrClosed
+	}
+	if applied {
+		err = fmt.Errorf("%w: %w", leasecore.ErrOutcomeUnknown, err)
+	}
+	return &leasecore.PersistError{Op: "etcd " + op, Path: key, Err: err}
+}
+
+// begin checks the store is open, and writable when write.
+func (s *Store) begin(write bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return leasecore.ErrClosed
+	case write && s.opts.ReadOnly:
+		return leasecore.ErrReadOnly
+	}
+	return nil
+}
+
+// seeRev records that the store has seen the cluster at revision rev.
+func (s *Store) seeRev(rev int64) {
+	s.mu.Lock()
+	s.rev = max(s.rev, rev)
+	s.mu.Unlock()
+}
+
+// encode renders a lease key's value: the record and this store's extra
+// keys.
+func (s *Store) encode(l leasecore.Lease, hash, change string) string {
+	l.ExpiresAt, l.Waiters = time.Time{}, 0
+	var b strings.Builder
+	b.Write(leasecore.EncodeRecord(&l, hash))
+	b.WriteString("leasefs_change = " + leasecore.QuoteTOML(change) + "\n")
+	b.WriteString("leasefs_daemon = " + leasecore.QuoteTOML(s.opts.DaemonID) + "\n")
+	return b.String()
+}
+
+// decode parses a lease key; a live key takes its generation from its
+// create revision.
+func (s *Store) decode(kv *mvccpb.KeyValue, live bool) (*rec, error) {
+	if live {
+		// The generation is the revision of the reservation, known only
+		// once it committed: the live record carries 0.
+		l, hash, err := leasecore.DecodeRecord(kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		l.Generation = uint64(kv.CreateRevision)
+		r := &rec{l: l, hash: hash, kv: kv}
+		s.decodeExtra(r)
+		return r, nil
+	}
+	l, hash, err := leasecore.DecodeRecord(kv.Value)
+	if err != nil {
+		return nil, err
+	}
+	r := &rec{l: l, hash: hash, kv: kv}
+	s.decodeExtra(r)
+	return r, nil
+}
+
+func (s *Store) decodeExtra(r *rec) {
+	var x extra
+	if _, err := toml.Decode(string(r.kv.Value), &x); err == nil {
+		r.change, r.daemon = x.Change, x.Daemon
+	}
+}
+
+// remember records what the store saw of a live lease.
+func (s *Store) remember(r *rec) {
+	k := s.known[r.l.ID]
+	if k == nil {
+		k = &known{resource: r.l.Resource}
+		s.known[r.l.ID] = k
+	}
+	k.last = r.l
+	if !k.hb.Equal(r.l.HeartbeatAt) {
+		k.hb, k.hbMono = r.l.HeartbeatAt, s.opts.Clock.Mono()
+	}
+}
+
+// deadReason applies the liveness rules to a live lease: rule 1 on this
+// store's monotonic clock from when it first saw the current heartbeat
+// (the etcd lease TTL, which the cluster enforces, fires no later up to
+// clock drift: see docs/PROTOCOL.md §8a), and rules 2 and 3 only for
+// leases recorded by this host. The caller holds mu.
+func (s *Store) deadReason(r *rec) string {
+	s.remember(r)
+	k := s.known[r.l.ID]
+	switch {
+	case k.lost:
+		return "keep-alive lost"
+	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.opts.LeaseDuration:
+		return "heartbeat expired"
+	case r.l.Host != s.opts.Host:
+		return ""
+	}
+	return leasecore.LocalDeadReason(r.l, s.bootID)
+}
+
+// snapshot returns the lease of r as callers see it: derived expiry and
+// waiters filled, and a dead lease shown as it will be recorded,
+// abandoned. The caller holds mu.
+func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
+	l := r.l
+	if l.Status == leasecore.StatusActive && s.deadReason(r) != "" {
+		s.wakeReaper()
+		l.Status = leasecore.StatusAbandoned
+		l.CompletedAt = s.opts.Clock.Now().UTC()
+		return l
+	}
+	s.fill(&l)
+	if l.Status == leasecore.StatusActive {
+		l.Waiters = int(waiters)
+	}
+	return l
+}
+
+// fill sets ExpiresAt from the heartbeat and mode.
+func (s *Store) fill(l *leasecore.Lease) {
+	l.ExpiresAt = time.Time{}
+	if l.Mode == leasecore.ModeToken && l.Status == leasecore.StatusActive {
+		l.ExpiresAt = l.HeartbeatAt.Add(s.opts.LeaseDuration)
+	}
+}
+
+func (s *Store) wakeReaper() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// LeaseDuration returns the heartbeat TTL of token leases. Safe for
+// concurrent use.
+func (s *Store) LeaseDuration() time.Duration { return s.opts.LeaseDuration }
+
+// nsValue is the value of a namespace key.
+type nsValue struct {
+	UID       uint32    `json:"uid"`
+	GID       uint32    `json:"gid"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func decodeNS(path string, v []byte) leasecore.Namespace {
+	var n nsValue
+	_ = json.Unmarshal(v, &n)
+	return leasecore.Namespace{Path: path, UID: n.UID, GID: n.GID, CreatedAt: n.CreatedAt.UTC()}
+}
+
+// isLeaseGone reports whether err says the etcd lease no longer exists.
+func isLeaseGone(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) || strings.Contains(err.Error(), rpctypes.ErrLeaseNotFound.Error())
+}
+
+func uidString(uid uint32) string { return strconv.FormatUint(uint64(uid), 10) }

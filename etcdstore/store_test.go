@@ -1,0 +1,333 @@
+package etcdstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/etcdstore"
+	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/leasecore/clocktest"
+	"github.com/leasefs/leasefs/leasecore/storetest"
+)
+
+var prefixes atomic.Int64
+
+// open opens a store under a fresh prefix of srv.
+func open(t testing.TB, srv *etcdtest.Server, opts etcdstore.Options) *etcdstore.Store {
+	t.Helper()
+	s, err := etcdstore.Open(context.Background(), []string{srv.Endpoint()},
+		fmt.Sprintf("/test/%d", prefixes.Add(1)), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestContract(t *testing.T) {
+	srv := etcdtest.Start(t)
+	storetest.Run(t, func(t *testing.T, opts leasecore.Options) leasecore.Store {
+		return open(t, srv, etcdstore.Options{Options: opts})
+	})
+}
+
+// openAt opens a store on prefix of srv.
+func openAt(t *testing.T, srv *etcdtest.Server, prefix string, opts etcdstore.Options) *etcdstore.Store {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s, err := etcdstore.Open(context.Background(), []string{srv.Endpoint()}, prefix, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// awaitEvent waits (at most guard) on feed for an event of lease id
+// matching kind.
+func awaitEvent(t *testing.T, feed <-chan leasecore.Event, id string, kind leasecore.EventKind) leasecore.Event {
+	t.Helper()
+	timeout := time.After(guard)
+	for {
+		select {
+		case ev, ok := <-feed:
+			if !ok {
+				t.Fatalf("feed closed before a %v event of %s", kind, id)
+			}
+			if ev.Lease.ID == id && ev.Kind == kind {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %v event of %s within %v", kind, id, guard)
+		}
+	}
+}
+
+const guard = 20 * time.Second
+
+// Two stores on one prefix are two mounts of one shared namespace: what
+// one does, the other sees at once and on its feed.
+func TestTwoMountsShareLeases(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	a := openAt(t, srv, "/shared", etcdstore.Options{DaemonID: "a"})
+	b := openAt(t, srv, "/shared", etcdstore.Options{DaemonID: "b"})
+	feedB := b.Watch(ctx)
+	g, err := a.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := b.Live(ctx, "x"); err != nil || l.ID != g.Lease.ID || l.Generation != g.Lease.Generation {
+		t.Fatalf("B sees %+v, %v; want A's lease %s", l, err, g.Lease.ID)
+	}
+	_, err = b.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1001})
+	if !errors.Is(err, leasecore.ErrHeld) {
+		t.Fatalf("Reserve through B = %v, want ErrHeld", err)
+	}
+	if ev := awaitEvent(t, feedB, g.Lease.ID, leasecore.EventReserved); ev.Change != leasecore.ChangeReserved {
+		t.Errorf("B's feed: %+v", ev)
+	}
+	// B renews with the token A handed out: the token is the credential.
+	if _, err := b.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
+		t.Fatalf("Renew through B: %v", err)
+	}
+	awaitEvent(t, feedB, g.Lease.ID, leasecore.EventChanged)
+
+	// A waiter on B is served when A releases.
+	got := make(chan leasecore.Grant, 1)
+	go func() {
+		g, err := b.Acquire(ctx, leasecore.Draft{Resource: "x", HolderUID: 1001, Mode: leasecore.ModeHandle})
+		if err != nil {
+			t.Errorf("Acquire through B: %v", err)
+		}
+		got <- g
+	}()
+	deadline := time.Now().Add(guard)
+	for {
+		l, err := a.Live(ctx, "x")
+		if err == nil && l.Waiters == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A never saw B's waiter: %+v, %v", l, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ended, err := a.Release(ctx, g.Lease.ID, g.Token, leasecore.StatusComplete, nil)
+	if err != nil || ended.Status != leasecore.StatusComplete {
+		t.Fatalf("Release through A = %+v, %v", ended, err)
+	}
+	if ev := awaitEvent(t, feedB, g.Lease.ID, leasecore.EventEnded); ev.Change != leasecore.ChangeReleased {
+		t.Errorf("B's feed reports the release as change %d", ev.Change)
+	}
+	var h leasecore.Grant
+	select {
+	case h = <-got:
+	case <-time.After(guard):
+		t.Fatal("B's waiter was not granted after A released")
+	}
+	if h.Lease.Generation <= g.Lease.Generation || h.Lease.HolderUID != 1001 {
+		t.Fatalf("B's grant %+v after generation %d", h.Lease, g.Lease.Generation)
+	}
+	if hist, err := b.History(ctx, "x"); err != nil || len(hist) != 1 || hist[0].ID != g.Lease.ID {
+		t.Fatalf("History through B = %+v, %v", hist, err)
+	}
+
+	// A daemon that starts again ends only its own handle leases.
+	a2 := openAt(t, srv, "/shared", etcdstore.Options{DaemonID: "a"})
+	if l, err := a2.Live(ctx, "x"); err != nil || l.ID != h.Lease.ID {
+		t.Fatalf("a restarted daemon ended another daemon's handle lease: %+v, %v", l, err)
+	}
+	b.Close()
+	if _, err := a2.Live(ctx, "x"); !errors.Is(err, leasecore.ErrNotFound) {
+		t.Fatalf("B's handle lease after B closed: %v, want it ended", err)
+	}
+}
+
+// When the cluster becomes unreachable (the proxy between the store and
+// etcd is cut: connections reset, new ones refused, as when etcd's machine
+// dies), a handle lease ends for its store
+// once its keep-alive has failed past the TTL, reported as expired, and
+// every call fails with a *PersistError (EIO) within a bounded time.
+func TestConnectivityLoss(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	const ttl, callTimeout = 2 * time.Second, time.Second
+	var opts etcdstore.Options
+	opts.LeaseDuration, opts.CallTimeout = ttl, callTimeout
+	opts.Logger = slog.New(slog.DiscardHandler)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	s, err := etcdstore.Open(ctx, []string{proxy.Endpoint()}, "/loss", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	feed := s.Watch(ctx)
+	h, err := s.Reserve(ctx, leasecore.Draft{Resource: "h", Mode: leasecore.ModeHandle, HolderUID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := s.Reserve(ctx, leasecore.Draft{Resource: "t", HolderUID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitEvent(t, feed, tok.Lease.ID, leasecore.EventReserved)
+	stopped := time.Now()
+	proxy.Cut()
+
+	ev := awaitEvent(t, feed, h.Lease.ID, leasecore.EventEnded)
+	lostAfter := time.Since(stopped)
+	if ev.Change != leasecore.ChangeExpired || ev.Lease.Status != leasecore.StatusAbandoned {
+		t.Fatalf("end of the handle lease reported as %+v (change %d), want expired", ev.Lease, ev.Change)
+	}
+	t.Logf("handle lease ended %v after the cluster went away (TTL %v)", lostAfter.Round(10*time.Millisecond), ttl)
+	// The client notices a missed keep-alive within a second of the TTL.
+	if limit := ttl + 5*time.Second; lostAfter > limit {
+		t.Errorf("the handle lease ended %v after the loss, want within TTL + margin (%v)", lostAfter, limit)
+	}
+	if _, err := s.End(ctx, h.Lease.ID, leasecore.StatusComplete); !errors.Is(err, leasecore.ErrInactive) {
+		t.Errorf("End of the lost handle lease = %v, want ErrInactive (ESTALE)", err)
+	}
+
+	calls := map[string]func() error{
+		"Live": func() error { _, err := s.Live(ctx, "t"); return err },
+		"Renew": func() error {
+			_, err := s.Renew(ctx, tok.Lease.ID, tok.Token, nil)
+			return err
+		},
+		"Reserve": func() error {
+			_, err := s.Reserve(ctx, leasecore.Draft{Resource: "new", HolderUID: 1})
+			return err
+		},
+		"List": func() error { _, err := s.List(ctx); return err },
+	}
+	for name, call := range calls {
+		began := time.Now()
+		err := call()
+		took := time.Since(began)
+		var pe *leasecore.PersistError
+		if !errors.As(err, &pe) {
+			t.Errorf("%s with the cluster gone = %v, want a *PersistError (EIO)", name, err)
+		}
+		if took > guard {
+			t.Errorf("%s took %v with a call timeout of %v", name, took, callTimeout)
+		}
+		t.Logf("%s failed after %v: %v", name, took.Round(10*time.Millisecond), err)
+	}
+
+	// Back on the cluster, the name is free and the lease is recorded as
+	// abandoned. (Here etcd itself expired the key, since only the path
+	// to it was cut; the store's own removal of a lost lease's key, for an
+	// etcd lease the cluster kept alive, is not exercised.)
+	proxy.Resume(t)
+	deadline := time.Now().Add(guard)
+	for {
+		_, err := s.Live(ctx, "h")
+		if errors.Is(err, leasecore.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Live of the lost handle lease after the cluster came back: %v, want ErrNotFound", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if l, err := s.Load(ctx, h.Lease.ID); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Fatalf("Load of the lost handle lease = %+v, %v; want it abandoned", l, err)
+	}
+	if _, err := s.Reserve(ctx, leasecore.Draft{Resource: "h", HolderUID: 2}); err != nil {
+		t.Fatalf("Reserve of the freed name: %v", err)
+	}
+}
+
+// Ended records beyond HistoryKeep are pruned, oldest first, and pruning
+// never lowers the generation.
+func TestHistoryPruned(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var opts etcdstore.Options
+	opts.HistoryKeep = 3
+	s := openAt(t, srv, "/prune", opts)
+	var ids []string
+	var last uint64
+	for range 6 {
+		g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Lease.Generation <= last {
+			t.Fatalf("generation %d after %d", g.Lease.Generation, last)
+		}
+		last = g.Lease.Generation
+		if _, err := s.End(ctx, g.Lease.ID, leasecore.StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, g.Lease.ID)
+	}
+	deadline := time.Now().Add(guard)
+	for {
+		hist, err := s.History(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hist) == 3 {
+			for i, l := range hist {
+				if want := ids[5-i]; l.ID != want {
+					t.Fatalf("history[%d] = %s, want %s (newest first, oldest pruned)", i, l.ID, want)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("history still holds %d records, want 3", len(hist))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := s.Load(ctx, ids[0]); !errors.Is(err, leasecore.ErrNotFound) {
+		t.Errorf("Load of a pruned lease: %v, want ErrNotFound", err)
+	}
+}
+
+// A token lease nobody renews is expired by the cluster (its etcd lease's
+// TTL), with the store's own clock standing still: the end is published as
+// expired, recorded as abandoned, and a late Renew is refused as for an
+// ended lease.
+func TestExpiryIsTheClusters(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var opts etcdstore.Options
+	opts.LeaseDuration = time.Second
+	opts.Clock = clocktest.NewFakeClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	s := openAt(t, srv, "/ttl", opts)
+	feed := s.Watch(ctx)
+	g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := awaitEvent(t, feed, g.Lease.ID, leasecore.EventEnded)
+	if ev.Change != leasecore.ChangeExpired || ev.Lease.Status != leasecore.StatusAbandoned {
+		t.Fatalf("end by the TTL reported as %+v (change %d), want expired", ev.Lease, ev.Change)
+	}
+	_, err = s.Renew(ctx, g.Lease.ID, g.Token, nil)
+	if !errors.Is(err, leasecore.ErrInactive) {
+		t.Fatalf("Renew after the etcd lease expired: %v, want ErrInactive", err)
+	}
+	deadline := time.Now().Add(guard)
+	for {
+		hist, err := s.History(ctx, "x")
+		if err == nil && len(hist) == 1 && hist[0].ID == g.Lease.ID && hist[0].Status == leasecore.StatusAbandoned {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("History = %+v, %v; want the expired lease, abandoned", hist, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,475 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// Watch returns the change feed: every event from now on, in order, until
+// ctx is done or the store closes; see [leasecore.Store.Watch]. Events
+// of every mount of the store come from one etcd watch of the prefix, in
+// revision order; the end of a handle lease whose keep-alive this store
+// lost is published by this store alone.
+func (s *Store) Watch(ctx context.Context) <-chan leasecore.Event {
+	s.mu.Lock()
+	from := s.rev
+	s.mu.Unlock()
+	return s.feed.subscribe(ctx, from)
+}
+
+// watch follows the prefix from revision from+1 until the store closes,
+// turning changes into events.
+func (s *Store) watch(from int64) {
+	for s.bg.Err() == nil {
+		wch := s.cli.Watch(clientv3.WithRequireLeader(s.bg), string(s.k),
+			clientv3.WithPrefix(), clientv3.WithRev(from+1), clientv3.WithPrevKV())
+		for resp := range wch {
+			if resp.CompactRevision != 0 {
+				s.opts.Logger.Warn("etcd compacted past the watch; changes in between are not reported",
+					"from", from, "compacted", resp.CompactRevision)
+				from = resp.CompactRevision - 1
+				break
+			}
+			if err := resp.Err(); err != nil {
+				s.opts.Logger.Debug("etcd watch interrupted", "err", err)
+				break
+			}
+			s.apply(resp.Events)
+			if n := len(resp.Events); n > 0 {
+				from = resp.Events[n-1].Kv.ModRevision
+			}
+		}
+		select {
+		case <-s.bg.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// apply turns the events of one watch response into leasecore events. The
+// end of a lease and its history record are written by one transaction,
+// so they arrive together; a live key deleted without one expired by its
+// etcd lease's TTL.
+func (s *Store) apply(evs []*clientv3.Event) {
+	hist := make(map[int64]map[string]*rec) // revision → lease id → history record
+	for _, ev := range evs {
+		if kind, _ := s.k.classify(string(ev.Kv.Key)); kind == "history" && ev.Type == mvccpb.PUT {
+			if r, err := s.decode(ev.Kv, false); err == nil {
+				if hist[ev.Kv.ModRevision] == nil {
+					hist[ev.Kv.ModRevision] = make(map[string]*rec)
+				}
+				hist[ev.Kv.ModRevision][r.l.ID] = r
+			}
+		}
+	}
+	for _, ev := range evs {
+		rev := ev.Kv.ModRevision
+		kind, resource := s.k.classify(string(ev.Kv.Key))
+		switch kind {
+		case "waiters":
+			s.notify(resource)
+		case "history":
+			if ev.Type == mvccpb.PUT {
+				if r := hist[rev]; r != nil {
+					s.mu.Lock()
+					for id := range r {
+						delete(s.known, id) // its history answers for it now
+					}
+					s.mu.Unlock()
+				}
+			}
+		case "live":
+			if ev.Type == mvccpb.PUT {
+				r, err := s.decode(ev.Kv, true)
+				if err != nil {
+					continue
+				}
+				e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[r.change]}
+				if ev.IsCreate() {
+					e.Kind, e.Change = leasecore.EventReserved, leasecore.ChangeReserved
+				}
+				if e.Change == 0 {
+					e.Change = leasecore.ChangeRenewed
+				}
+				s.mu.Lock()
+				s.live[resource] = r
+				s.remember(r)
+				e.Lease = r.l
+				s.fill(&e.Lease)
+				s.rev = max(s.rev, rev)
+				s.feed.publish(rev, e)
+				s.mu.Unlock()
+				s.notify(resource)
+				continue
+			}
+			if ev.PrevKv == nil {
+				continue
+			}
+			prev, err := s.decode(ev.PrevKv, true)
+			if err != nil {
+				continue
+			}
+			e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
+			h := hist[rev][prev.l.ID]
+			if h != nil {
+				e.Lease = h.l
+				if c := changeOf[h.change]; c != 0 {
+					e.Change = c
+				}
+			} else {
+				e.Lease = prev.l
+				e.Lease.Status = leasecore.StatusAbandoned
+				e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
+				e.Lease.ExpiresAt = time.Time{}
+				if !s.opts.ReadOnly {
+					s.writeExpired(prev, e.Lease)
+				}
+			}
+			s.mu.Lock()
+			if s.live[resource] != nil && s.live[resource].l.ID == prev.l.ID {
+				delete(s.live, resource)
+			}
+			k := s.known[prev.l.ID]
+			published := k != nil && k.lost
+			if h == nil && k != nil {
+				k.last = e.Lease
+			}
+			s.rev = max(s.rev, rev)
+			if !published {
+				s.feed.publish(rev, e)
+			}
+			s.mu.Unlock()
+			s.stopKeepAlive(prev.l.ID)
+			s.notify(resource)
+		}
+	}
+}
+
+// writeExpired records lease l, whose live key its etcd lease's expiry
+// deleted, as history, once across every store that saw it go.
+func (s *Store) writeExpired(prev *rec, l leasecore.Lease) {
+	s.wg.Go(func() {
+		ctx, done := s.call(s.bg)
+		defer done()
+		key := s.k.history(l.ID)
+		_, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, s.encode(l, prev.hash, chExpired))).Commit()
+		if err != nil && s.bg.Err() == nil {
+			s.opts.Logger.Warn("recording an expired lease failed", "lease", l.ID, "err", err)
+		}
+		s.mu.Lock()
+		s.ended++
+		s.mu.Unlock()
+		s.logEnd(l, "etcd lease expired")
+	})
+}
+
+// changedChan returns a channel closed at the next change of resource's
+// live key or waiter keys. Take it before reading, then wait on it.
+func (s *Store) changedChan(resource string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := s.changed[resource]
+	if ch == nil {
+		ch = make(chan struct{})
+		s.changed[resource] = ch
+	}
+	return ch
+}
+
+func (s *Store) notify(resource string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch := s.changed[resource]; ch != nil {
+		close(ch)
+		delete(s.changed, resource)
+	}
+}
+
+// Acquire reserves a lease like Reserve, waiting first come first served
+// across every mount of the store while another holds the name; see
+// [leasecore.Store.Acquire]. The caller queues as a waiter key under
+// PREFIX/waiters/<resource>//, bound to this store's session lease; the
+// waiter with the lowest create revision is served first, as etcd's
+// concurrency.Mutex does, and a waiter is woken by the watch.
+func (s *Store) Acquire(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
+	d, err := leasecore.CheckDraft(d)
+	if err != nil {
+		return leasecore.Grant{}, err
+	}
+	if err := s.begin(true); err != nil {
+		return leasecore.Grant{}, err
+	}
+	for {
+		g, err := s.acquireOnce(ctx, d)
+		if !errors.Is(err, errWaiterGone) {
+			return g, err
+		}
+	}
+}
+
+func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
+	key := s.k.waiters(d.Resource) + leasecore.NewLeaseID()
+	cctx, done := s.call(ctx)
+	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID()))
+	done()
+	if err != nil {
+		return leasecore.Grant{}, s.unreachable(ctx, "queue", key, err, false)
+	}
+	myRev := put.Header.Revision
+	defer func() {
+		dctx, done := s.call(context.Background())
+		defer done()
+		_, _ = s.cli.Delete(dctx, key) // a no-op once reserved
+	}()
+	for {
+		changed := s.changedChan(d.Resource)
+		cctx, done := s.call(ctx)
+		head, err := s.cli.Get(cctx, s.k.waiters(d.Resource), clientv3.WithFirstCreate()...)
+		done()
+		if err != nil {
+			return leasecore.Grant{}, s.unreachable(ctx, "read", s.k.waiters(d.Resource), err, false)
+		}
+		if len(head.Kvs) == 0 {
+			return leasecore.Grant{}, errWaiterGone
+		}
+		if string(head.Kvs[0].Key) == key {
+			g, err := s.reserve(ctx, d, key, myRev)
+			if !errors.Is(err, leasecore.ErrHeld) {
+				return g, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return leasecore.Grant{}, ctx.Err()
+		case <-s.bg.Done():
+			return leasecore.Grant{}, leasecore.ErrClosed
+		case <-changed:
+		}
+	}
+}
+
+// keepAlive keeps etcd lease lid of handle lease id alive until the lease
+// ends or the store closes. When the keep-alive fails for longer than the
+// TTL (the cluster unreachable), the lease has ended for this store: it is
+// published as expired, later calls on it fail with ErrInactive, and its
+// key is removed once the cluster answers again.
+func (s *Store) keepAlive(id string, lid clientv3.LeaseID) {
+	s.mu.Lock()
+	if s.closed || s.handles[id] != nil {
+		s.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithCancel(s.bg)
+	s.handles[id] = &handle{cancel: cancel}
+	s.mu.Unlock()
+	ch, err := s.cli.KeepAlive(ctx, lid)
+	s.wg.Go(func() {
+		if err == nil {
+			for range ch {
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.lost(id)
+	})
+}
+
+// stopKeepAlive stops the keep-alive of handle lease id, if any.
+func (s *Store) stopKeepAlive(id string) {
+	s.mu.Lock()
+	h := s.handles[id]
+	delete(s.handles, id)
+	s.mu.Unlock()
+	if h != nil {
+		h.cancel()
+	}
+}
+
+// lost ends handle lease id for this store after its keep-alive failed.
+func (s *Store) lost(id string) {
+	s.mu.Lock()
+	delete(s.handles, id)
+	k := s.known[id]
+	if k == nil || k.lost || s.closed {
+		s.mu.Unlock()
+		return
+	}
+	k.lost = true
+	l := k.last
+	l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
+	l.CompletedAt = s.opts.Clock.Now().UTC()
+	k.last = l
+	s.feed.publish(0, leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired, Lease: l})
+	s.mu.Unlock()
+	s.notify(l.Resource)
+	s.opts.Logger.Warn("lease ended", "resource", l.Resource, "lease", id, "generation", l.Generation,
+		"status", l.Status, "reason", "keep-alive of the handle lease lost for longer than its TTL")
+	// Remove the key once the cluster answers (it may have kept the etcd
+	// lease alive over a restart), so that other mounts see the name free.
+	s.wg.Go(func() {
+		for s.bg.Err() == nil {
+			r, err := s.getLive(s.bg, l.Resource)
+			if err == nil {
+				if r != nil && r.l.ID == id {
+					if _, err = s.end(s.bg, r, l, leasecore.StatusAbandoned, chExpired); errors.Is(err, errRaced) {
+						continue
+					}
+				}
+				if err == nil {
+					return
+				}
+			}
+			select {
+			case <-s.bg.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	})
+}
+
+// reaper ends leases that the liveness rules killed, from the live leases
+// the watch shows (no round trip unless one looks dead), and prunes
+// history beyond HistoryKeep at most once a second.
+func (s *Store) reaper() {
+	tick := time.NewTicker(s.opts.ReapInterval)
+	defer tick.Stop()
+	lastPrune := time.Now()
+	for {
+		select {
+		case <-s.bg.Done():
+			return
+		case <-tick.C:
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		var dead []*rec
+		for _, r := range s.live {
+			if s.known[r.l.ID] != nil && s.known[r.l.ID].lost {
+				continue // being removed by lost
+			}
+			if s.deadReason(r) != "" {
+				dead = append(dead, r)
+			}
+		}
+		prune := s.ended > 0 && time.Since(lastPrune) >= time.Second
+		s.mu.Unlock()
+		for _, r := range dead {
+			cur, err := s.getLive(s.bg, r.l.Resource)
+			if err != nil || cur == nil || cur.l.ID != r.l.ID {
+				continue
+			}
+			s.mu.Lock()
+			reason := s.deadReason(cur)
+			s.mu.Unlock()
+			if reason == "" {
+				continue
+			}
+			if _, err := s.end(s.bg, cur, cur.l, leasecore.StatusAbandoned, chExpired); err == nil {
+				s.logEnd(cur.l, reason)
+			} else if !errors.Is(err, errRaced) && s.bg.Err() == nil {
+				s.opts.Logger.Error("reap failed", "lease", cur.l.ID, "err", err)
+			}
+		}
+		if prune {
+			lastPrune = time.Now()
+			s.mu.Lock()
+			s.ended = 0
+			s.mu.Unlock()
+			if err := s.prune(s.bg); err != nil && s.bg.Err() == nil {
+				s.opts.Logger.Warn("pruning history failed", "err", err)
+			}
+		}
+	}
+}
+
+// prune deletes the oldest history records beyond HistoryKeep (oldest by
+// the revision that wrote them). Generations are etcd revisions, so
+// pruning never lowers them.
+func (s *Store) prune(ctx context.Context) error {
+	cctx, done := s.call(ctx)
+	resp, err := s.cli.Get(cctx, s.k.historyPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	done()
+	if err != nil {
+		return err
+	}
+	excess := resp.Count - int64(s.opts.HistoryKeep)
+	for excess > 0 {
+		batch := min(excess, 100) // etcd's default limit is 128 operations a transaction
+		cctx, done := s.call(ctx)
+		old, err := s.cli.Get(cctx, s.k.historyPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend), clientv3.WithLimit(batch))
+		done()
+		if err != nil {
+			return err
+		}
+		if len(old.Kvs) == 0 {
+			return nil
+		}
+		ops := make([]clientv3.Op, len(old.Kvs))
+		for i, kv := range old.Kvs {
+			ops[i] = clientv3.OpDelete(string(kv.Key))
+		}
+		cctx, done = s.call(ctx)
+		_, err = s.cli.Txn(cctx).Then(ops...).Commit()
+		done()
+		if err != nil {
+			return err
+		}
+		excess -= int64(len(old.Kvs))
+	}
+	return nil
+}
+
+// Close ends the handle leases this store keeps alive (their open files
+// die with the daemon, docs/PROTOCOL.md §8b) and revokes its session lease,
+// all at once and within one call timeout in all, then stops the watch,
+// the reaper and every keep-alive and ends every change feed. Further
+// calls return ErrClosed. Safe for concurrent use; a second Close is a
+// no-op.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	var ids []string
+	for id := range s.handles {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	ctx, done := s.call(context.Background())
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() {
+			if _, err := s.End(ctx, id, leasecore.StatusAbandoned); err != nil && !errors.Is(err, leasecore.ErrInactive) {
+				s.opts.Logger.Warn("ending a handle lease at close; it expires by its TTL", "lease", id, "err", err)
+			}
+		})
+	}
+	if session := s.sessionID(); session != 0 {
+		wg.Go(func() { _, _ = s.cli.Revoke(ctx, session) })
+	}
+	wg.Wait()
+	done()
+	s.mu.Lock()
+	s.closed = true
+	for _, ch := range s.changed {
+		close(ch)
+	}
+	s.changed = map[string]chan struct{}{}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	s.feed.close()
+	return s.cli.Close()
+}

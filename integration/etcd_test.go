@@ -1,0 +1,131 @@
+package integration
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+)
+
+// TestEtcdTwoMounts serves one etcd store (docs/PROTOCOL.md §8a) through
+// two daemons on two mountpoints: a lease reserved through one mount is
+// visible through the other at once and blocks an exclusive create there;
+// its release through the first lets the second reserve.
+func TestEtcdTwoMounts(t *testing.T) {
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-it"}
+	a := startDaemon(t, daemonOpts{extraArgs: store})
+	b := startDaemon(t, daemonOpts{extraArgs: store})
+	pa, pb := filepath.Join(a.mountpoint, "shared"), filepath.Join(b.mountpoint, "shared")
+
+	// B looks the name up first: a cached "no such file" must not hide
+	// A's lease.
+	if _, err := os.Stat(pb); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stat through B before any lease: %v, want ENOENT", err)
+	}
+	f, err := os.OpenFile(pa, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("reserve through A: %v", err)
+	}
+	f.Close()
+	readToken(t, pa) // the first read by the holder is the token
+	stA, _ := statusDoc(t, pa)
+	stB, _ := statusDoc(t, pb)
+	if stB["lease_id"] == "" || stB["lease_id"] != stA["lease_id"] || stB["generation"] != stA["generation"] {
+		t.Fatalf("through B the lease is %v, through A %v; want the same lease", stB, stA)
+	}
+	if ls := mustSh(t, `ls "$M"`, "M="+b.mountpoint).stdout; strings.TrimSpace(ls) != "shared" {
+		t.Errorf("ls through B = %q, want shared", ls)
+	}
+	ls := runClient(t, nil, append([]string{leasefsBin, "ls", "--json"}, store...)...)
+	if ls.code != 0 || !strings.Contains(ls.stdout, stA["lease_id"]) {
+		t.Errorf("leasefs ls --store etcd://… does not list the lease: %s", ls)
+	}
+	_, err = os.OpenFile(pb, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("O_EXCL create through B while A holds the lease: %v, want EEXIST", err)
+	}
+
+	if err := os.Remove(pa); err != nil {
+		t.Fatalf("release through A: %v", err)
+	}
+	g, err := os.OpenFile(pb, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("O_EXCL create through B after A released: %v", err)
+	}
+	g.Close()
+	readToken(t, pb)
+	stA2, _ := statusDoc(t, pa)
+	if stA2["lease_id"] == stA["lease_id"] || stA2["holder_uid"] == "" {
+		t.Fatalf("through A after B reserved: %v; want B's new lease", stA2)
+	}
+
+	// Handle leases: a flock through A excludes one through B, and a
+	// blocked flock through B is granted when A's open file closes.
+	la, err := os.OpenFile(filepath.Join(a.mountpoint, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer la.Close()
+	if err := syscall.Flock(int(la.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatalf("flock through A: %v", err)
+	}
+	lb, err := os.OpenFile(filepath.Join(b.mountpoint, "lock"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("open through B of A's handle lease: %v", err)
+	}
+	defer lb.Close()
+	if err := syscall.Flock(int(lb.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		t.Fatalf("flock -n through B while A holds: %v, want EWOULDBLOCK", err)
+	}
+	granted := make(chan error, 1)
+	go func() { granted <- syscall.Flock(int(lb.Fd()), syscall.LOCK_EX) }()
+	la.Close()
+	select {
+	case err := <-granted:
+		if err != nil {
+			t.Fatalf("blocking flock through B: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the blocked flock through B was not granted after A closed its file")
+	}
+	lb.Close()
+
+	for _, d := range []*daemon{a, b} {
+		if code := d.stop(true); code != 0 {
+			t.Errorf("daemon on %s exited %d; stderr:\n%s", d.mountpoint, code, d.stderr())
+		}
+	}
+}
+
+// When the daemon loses the etcd cluster for longer than the lease
+// duration, the handle lease of `leasefs lock` ends: the command gets
+// SIGTERM and lock exits 4, as when the daemon stops (docs/PROTOCOL.md
+// §8a).
+func TestEtcdLockLostWithCluster(t *testing.T) {
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second,
+		extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + "/leasefs-lost"}})
+	p := startProc(t, []string{"LEASEFS_MOUNT=" + d.mountpoint}, leasefsBin, "lock", "--grace", "5s", "job", "--",
+		"bash", "-c", `trap 'echo got-term; exit 0' TERM; echo running; while :; do sleep 0.05; done`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	cut := time.Now()
+	proxy.Cut()
+	r := p.wait(20 * time.Second)
+	if r.code != 4 || !strings.Contains(r.stdout, "got-term") {
+		t.Fatalf("lock whose daemon lost the cluster: exit %d, want 4 after the command got SIGTERM: %s", r.code, r)
+	}
+	t.Logf("lock was told %v after the cluster went away (lease duration 2s)", time.Since(cut).Round(10*time.Millisecond))
+	began := time.Now()
+	d.stop(false)
+	t.Logf("the daemon stopped in %v without its cluster", time.Since(began).Round(10*time.Millisecond))
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/leasefs/leasefs/etcdstore"
+	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/mount"
+)
+
+// etcdPasswordEnv names the environment variable that holds the etcd
+// password when --etcd-user gives none.
+const etcdPasswordEnv = "LEASEFS_ETCD_PASSWORD"
+
+// storeFlags are the flags that choose the lease store (docs/PROTOCOL.md
+// §8a): "file" (the state directory) or an etcd cluster.
+type storeFlags struct {
+	store             string
+	cacert, cert, key string
+	user              string
+}
+
+// add registers --store and the --etcd-* flags on f.
+func (sf *storeFlags) add(f *pflag.FlagSet) {
+	f.StringVar(&sf.store, "store", "file", "where leases live: file (the --state directory) or etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+	f.StringVar(&sf.cacert, "etcd-cacert", "", "PEM file of the CA that signs the etcd servers' certificates (TLS)")
+	f.StringVar(&sf.cert, "etcd-cert", "", "PEM client certificate for etcd (TLS; with --etcd-key)")
+	f.StringVar(&sf.key, "etcd-key", "", "PEM key of --etcd-cert")
+	f.StringVar(&sf.user, "etcd-user", "", "etcd user, as USER (password from $"+etcdPasswordEnv+") or USER:PASSWORD")
+}
+
+// etcdSpec is a parsed etcd:// store.
+type etcdSpec struct {
+	endpoints []string
+	prefix    string
+}
+
+// parse returns the etcd store named by --store, or nil for the file
+// store. Errors: a usage error for a malformed --store.
+func (sf *storeFlags) parse() (*etcdSpec, error) {
+	if sf.store == "" || sf.store == "file" {
+		if sf.cacert != "" || sf.cert != "" || sf.key != "" || sf.user != "" {
+			return nil, usageError{errors.New("the --etcd-* flags need an etcd:// --store")}
+		}
+		return nil, nil
+	}
+	rest, ok := strings.CutPrefix(sf.store, "etcd://")
+	if !ok {
+		return nil, usageError{fmt.Errorf("--store %q: want file or etcd://HOST:PORT[,HOST:PORT...]/PREFIX", sf.store)}
+	}
+	hosts, prefix, _ := strings.Cut(rest, "/")
+	if strings.Trim(prefix, "/") == "" {
+		return nil, usageError{fmt.Errorf("--store %q: a key PREFIX is required after the endpoints, e.g. etcd://127.0.0.1:2379/leasefs", sf.store)}
+	}
+	spec := &etcdSpec{prefix: "/" + strings.Trim(prefix, "/")}
+	for h := range strings.SplitSeq(hosts, ",") {
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			return nil, usageError{fmt.Errorf("--store %q: endpoint %q: want HOST:PORT", sf.store, h)}
+		}
+		spec.endpoints = append(spec.endpoints, h)
+	}
+	return spec, nil
+}
+
+// options returns the TLS and authentication options of the etcd flags.
+// Errors: unreadable or invalid certificate files; a usage error for a
+// certificate without its key.
+func (sf *storeFlags) options() (etcdstore.Options, error) {
+	var o etcdstore.Options
+	if sf.user != "" {
+		user, pass, ok := strings.Cut(sf.user, ":")
+		if !ok {
+			pass = os.Getenv(etcdPasswordEnv)
+		}
+		o.Username, o.Password = user, pass
+	}
+	if (sf.cert == "") != (sf.key == "") {
+		return o, usageError{errors.New("--etcd-cert and --etcd-key go together")}
+	}
+	if sf.cacert == "" && sf.cert == "" {
+		return o, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if sf.cacert != "" {
+		pem, err := os.ReadFile(sf.cacert)
+		if err != nil {
+			return o, fmt.Errorf("--etcd-cacert: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return o, fmt.Errorf("--etcd-cacert %s: no PEM certificate in it", sf.cacert)
+		}
+	}
+	if sf.cert != "" {
+		pair, err := tls.LoadX509KeyPair(sf.cert, sf.key)
+		if err != nil {
+			return o, fmt.Errorf("--etcd-cert/--etcd-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	o.TLS = cfg
+	return o, nil
+}
+
+// etcdOpener returns the [mount.Options.OpenStore] of an etcd store for
+// the daemon serving state: its daemon identity is the host and the
+// absolute state directory, so that a restarted daemon ends only the
+// handle leases it left (docs/PROTOCOL.md §8a).
+func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger) (leasecore.Store, error), error) {
+	eo, err := sf.options()
+	if err != nil {
+		return nil, err
+	}
+	state, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, log *slog.Logger) (leasecore.Store, error) {
+		o := eo
+		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
+		o.Logger = log
+		o.Host = leasecore.Hostname()
+		o.DaemonID = o.Host + ":" + state
+		s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sf.store, err)
+		}
+		log.Info("serving the etcd store", "endpoints", strings.Join(spec.endpoints, ","), "prefix", spec.prefix)
+		return s, nil
+	}, nil
+}
+
+// openForReading opens the store of the flags for "leasefs ls" and
+// "history": the file store in state read-only, or the etcd store
+// read-only (no reaper, no writes).
+func openForReading(ctx context.Context, state string, sf *storeFlags, stderr io.Writer) (leasecore.Store, error) {
+	spec, err := sf.parse()
+	if err != nil {
+		return nil, err
+	}
+	if spec == nil {
+		s, err := openReadOnly(state, stderr)
+		if err != nil {
+			return nil, storeError(state, err)
+		}
+		return s, nil
+	}
+	o, err := sf.options()
+	if err != nil {
+		return nil, err
+	}
+	o.ReadOnly = true
+	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the lease store %s: %w", sf.store, err)
+	}
+	return s, nil
+}
