@@ -341,6 +341,16 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 
 	r := h.check(logDir)
 	reportMutualExclusion(t, "mutual exclusion under daemon crashes", f, h, r)
+	if t.Failed() {
+		// The daemons' own account of the refusals a client did not expect.
+		for i, s := range stderrs {
+			for _, line := range strings.Split(s, "\n") {
+				if strings.Contains(line, "errno=EIO") || strings.Contains(line, "level=ERROR") {
+					t.Logf("daemon %d: %s", i, line)
+				}
+			}
+		}
+	}
 }
 
 // TestReliabilityWaiterFstat is the case the flock(1) clients of the
