@@ -47,7 +47,26 @@ func encodeRecord(l *Lease, tokenHash string) []byte {
 // ignored; a record of the reference store, which lacks this project's
 // fields, loads as a token lease. It never panics on hostile input; it
 // returns an error for anything that is not a well-formed lease.
+//
+// Records in leasefs's own canonical form take a fast path
+// ([decodeCanonical]); everything else goes through the general TOML
+// decoder ([decodeTOMLRecord]), with the same results.
 func decodeRecord(data []byte) (Lease, string, error) {
+	return decodeRecordInterned(data, nil)
+}
+
+// decodeRecordInterned is [decodeRecord] sharing repeated string values
+// through intern (see [decodeCanonical]); intern may be nil.
+func decodeRecordInterned(data []byte, intern func([]byte) string) (Lease, string, error) {
+	if l, hash, ok := decodeCanonical(data, intern); ok {
+		return l, hash, validateRecord(&l)
+	}
+	return decodeTOMLRecord(data)
+}
+
+// decodeTOMLRecord is [decodeRecord] through the general TOML decoder:
+// any valid TOML, native datetimes, unknown keys ignored.
+func decodeTOMLRecord(data []byte) (Lease, string, error) {
 	if len(data) > maxRecordBytes {
 		return Lease{}, "", fmt.Errorf("record of %d bytes exceeds %d", len(data), maxRecordBytes)
 	}
