@@ -227,40 +227,8 @@ func (s *FileStore) load() error {
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
-	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
-	for _, name := range names {
-		path := filepath.Join(s.dir, name)
-		if strings.HasPrefix(name, ".lease-") && !strings.HasSuffix(name, ".toml") {
-			// A temporary file left by a crash mid-write: the record it was
-			// to replace is intact, so the leftover is garbage.
-			if !s.opts.ReadOnly {
-				_ = os.Remove(path)
-			}
-			continue
-		}
-		id, ok := strings.CutSuffix(name, ".toml")
-		if !ok || ValidateLeaseID(id) != nil {
-			continue
-		}
-		data, err := readRecordFile(path)
-		if err != nil {
-			s.opts.Logger.Warn("skipping unreadable lease record", "path", path, "err", err)
-			continue
-		}
-		l, hash, err := decodeRecord(data)
-		if err == nil && l.ID != id {
-			err = fmt.Errorf("lease_id %q does not match the file name", l.ID)
-		}
-		if err != nil {
-			s.opts.Logger.Warn("skipping corrupt lease record", "path", path, "err", err)
-			continue
-		}
-		e := &entry{lease: l, hash: hash}
-		s.fillExpiry(&e.lease)
-		age := max(now.Sub(e.lease.HeartbeatAt), 0)
-		e.hbMono = mono - age
-		s.leases[id] = e
-		s.hw = max(s.hw, e.lease.Generation)
+	if err := s.loadRecords(names); err != nil {
+		return err
 	}
 	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
 		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)

@@ -52,16 +52,22 @@ func encodeRecord(l *Lease, tokenHash string) []byte {
 // ([decodeCanonical]); everything else goes through the general TOML
 // decoder ([decodeTOMLRecord]), with the same results.
 func decodeRecord(data []byte) (Lease, string, error) {
-	return decodeRecordInterned(data, nil)
+	var l Lease
+	hash, err := decodeRecordInto(&l, data, nil)
+	return l, hash, err
 }
 
-// decodeRecordInterned is [decodeRecord] sharing repeated string values
-// through intern (see [decodeCanonical]); intern may be nil.
-func decodeRecordInterned(data []byte, intern func([]byte) string) (Lease, string, error) {
-	if l, hash, ok := decodeCanonical(data, intern); ok {
-		return l, hash, validateRecord(&l)
+// decodeRecordInto is [decodeRecord] into *l, which must be the zero
+// Lease, sharing repeated string values through intern (see
+// [decodeCanonical]); intern may be nil. On error *l is unspecified.
+func decodeRecordInto(l *Lease, data []byte, intern func([]byte) string) (string, error) {
+	if hash, ok := decodeCanonical(l, data, intern); ok {
+		return hash, validateRecord(l)
 	}
-	return decodeTOMLRecord(data)
+	var err error
+	var hash string
+	*l, hash, err = decodeTOMLRecord(data)
+	return hash, err
 }
 
 // decodeTOMLRecord is [decodeRecord] through the general TOML decoder:

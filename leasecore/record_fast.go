@@ -38,16 +38,18 @@ var recordKeys = func() map[string]int {
 // int64 without overflow checks.
 const maxCanonicalDigits = 18
 
-// decodeCanonical decodes data when it is a record in leasefs's canonical
-// form (see above) and reports whether it was. When ok is false, nothing
-// is decided and the caller must use the general decoder. When ok is true,
-// the lease (not yet checked by [validateRecord]) and token hash are
-// exactly those the general decoder would give. intern, when not nil, returns a shared copy of a
+// decodeCanonical decodes data into *l, which must be the zero Lease, when
+// data is a record in leasefs's canonical form (see above), and reports
+// whether it was. When ok is false, nothing is decided, *l holds garbage
+// and the caller must use the general decoder. When ok is true, *l (not yet
+// checked by [validateRecord]) and the token hash are exactly those the
+// general decoder would give. Decoding into the caller's lease spares a
+// copy of it on the heap. intern, when not nil, returns a shared copy of a
 // string value (host, boot id, client) that many records repeat; values it
 // returns must equal its argument.
-func decodeCanonical(data []byte, intern func([]byte) string) (l Lease, hash string, ok bool) {
+func decodeCanonical(l *Lease, data []byte, intern func([]byte) string) (hash string, ok bool) {
 	if len(data) == 0 || len(data) > maxRecordBytes || data[len(data)-1] != '\n' {
-		return Lease{}, "", false
+		return "", false
 	}
 	var seen uint64 // bit i+1: field i of leaseFields; bit 0: token_hash
 	var setErr error
@@ -57,22 +59,22 @@ func decodeCanonical(data []byte, intern func([]byte) string) (l Lease, hash str
 		rest = rest[nl+1:]
 		eq := bytes.Index(line, []byte(" = "))
 		if eq <= 0 {
-			return Lease{}, "", false
+			return "", false
 		}
 		key, val := line[:eq], line[eq+3:]
 		idx, known := recordKeys[string(key)]
 		if !known || len(val) == 0 {
-			return Lease{}, "", false
+			return "", false
 		}
 		bit := uint64(1) << uint(idx+1)
 		if seen&bit != 0 {
-			return Lease{}, "", false // a duplicate key is a TOML error
+			return "", false // a duplicate key is a TOML error
 		}
 		seen |= bit
 		if val[0] == '"' {
 			text, ok := canonicalString(val)
 			if !ok {
-				return Lease{}, "", false
+				return "", false
 			}
 			if idx < 0 {
 				hash = string(text)
@@ -81,35 +83,35 @@ func decodeCanonical(data []byte, intern func([]byte) string) (l Lease, hash str
 			f := leaseFields[idx]
 			switch f.kind {
 			case kindString:
-				f.setString(&l, internValue(f, text, intern))
+				f.setString(l, internValue(f, text, intern))
 			case kindTime:
-				if e := f.setTimeText(&l, string(text)); e != nil && setErr == nil {
+				if e := f.setTimeText(l, string(text)); e != nil && setErr == nil {
 					setErr = e
 				}
 			default:
 				// A string where an integer belongs: the general decoder
 				// reports it.
-				return Lease{}, "", false
+				return "", false
 			}
 			continue
 		}
 		n, ok := canonicalInt(val)
 		if !ok || idx < 0 || leaseFields[idx].kind != kindInt {
-			return Lease{}, "", false
+			return "", false
 		}
-		if e := leaseFields[idx].setInt(&l, n); e != nil && setErr == nil {
+		if e := leaseFields[idx].setInt(l, n); e != nil && setErr == nil {
 			setErr = e
 		}
 	}
 	if setErr != nil {
 		// The general decoder applies fields in table order and stops at
 		// the first error; let it produce the same one.
-		return Lease{}, "", false
+		return "", false
 	}
 	if l.Mode == "" {
 		l.Mode = ModeToken
 	}
-	return l, hash, true
+	return hash, true
 }
 
 // canonicalString returns the text between the quotes of a canonical TOML

@@ -25,7 +25,8 @@ func everyFieldLease() Lease {
 // with the general decoder on the lease, the hash and the error.
 func sameDecoding(t *testing.T, data []byte) (accepted bool) {
 	t.Helper()
-	fast, fastHash, ok := decodeCanonical(data, interner{}.get)
+	var fast Lease
+	fastHash, ok := decodeCanonical(&fast, data, interner{}.get)
 	if !ok {
 		return false
 	}
@@ -80,7 +81,7 @@ status = "active"
 		"spacing":          strings.Replace(base, "status = ", "status   =  ", 1) + "heartbeat_at = \"2026-11-30T02:00:00Z\"\nstarted_at = \"2026-11-30T02:00:00Z\"\n",
 	}
 	for name, data := range cases {
-		if _, _, ok := decodeCanonical([]byte(data), nil); ok {
+		if _, ok := decodeCanonical(new(Lease), []byte(data), nil); ok {
 			t.Errorf("%s: the fast path accepted a non-canonical record:\n%s", name, data)
 		}
 		l, _, err := decodeRecord([]byte(data))
@@ -95,7 +96,7 @@ status = "active"
 func TestCanonicalDeclinesWhatTOMLRefuses(t *testing.T) {
 	for _, data := range []string{
 		"lease_id = \"lease-a\"\nlease_id = \"lease-b\"\n", // duplicate key
-		"generation = 007\n",                              // leading zero
+		"generation = 007\n", // leading zero
 		"generation = -1\n",
 		"generation = 1_000\n",
 		"generation = 9999999999999999999\n",
