@@ -373,14 +373,25 @@ func (s *store) Load(ctx context.Context, id string) (Lease, error) {
 
 // liveLocked returns the live leases accepted by keep, sorted by resource;
 // dead ones are left to the reaper. The caller holds mu.
+//
+// The entries are sorted before they are copied: sorting pointers moves 8
+// bytes per swap where sorting leases would move a whole Lease, which for
+// 100,000 leases is most of the cost of a listing.
 func (s *store) liveLocked(keep func(*entry) bool) []Lease {
-	var out []Lease
+	var es []*entry
 	for _, e := range s.live {
 		if keep(e) && s.alive(e) {
-			out = append(out, s.snapshot(e))
+			es = append(es, e)
 		}
 	}
-	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Resource, b.Resource) })
+	if len(es) == 0 {
+		return nil
+	}
+	slices.SortFunc(es, func(a, b *entry) int { return strings.Compare(a.lease.Resource, b.lease.Resource) })
+	out := make([]Lease, len(es))
+	for i, e := range es {
+		out[i] = s.snapshot(e)
+	}
 	return out
 }
 
