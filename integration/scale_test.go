@@ -88,7 +88,7 @@ func measureScale(b *testing.B, n int) scaleFigures {
 
 	var m scaleFigures
 	t0 := time.Now()
-	d := startDaemon(b, daemonOpts{state: state, leaseDuration: scaleLeaseDuration})
+	d := startDaemon(b, daemonOpts{state: state, leaseDuration: scaleLeaseDuration, readyTimeout: 2 * time.Minute})
 	m.start = time.Since(t0)
 	m.rssKiB = vmRSS(b, d.pid)
 
