@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -282,6 +283,17 @@ func writeJSON(w io.Writer, leases []leasecore.Lease) error {
 	return enc.Encode(leases)
 }
 
+// flushed flushes out after a listing was written to it without error err,
+// and returns the first error of the two. Listings are buffered: a table
+// writer writes each cell on its own, which for 100,000 leases would be a
+// million write system calls.
+func flushed(out *bufio.Writer, err error) error {
+	if err != nil {
+		return err
+	}
+	return out.Flush()
+}
+
 // tableName renders a resource for a table: as it is, or Go-quoted when it
 // holds control characters or spaces, which a name may contain but a
 // terminal would obey (escape sequences) or a table would split on.
@@ -324,11 +336,13 @@ key of each lease's status document.`,
 			if err != nil {
 				return err
 			}
+			out := bufio.NewWriterSize(stdout, 64<<10)
+			defer out.Flush()
 			if asJSON {
-				return writeJSON(stdout, leases)
+				return flushed(out, writeJSON(out, leases))
 			}
 			now := time.Now()
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "RESOURCE\tMODE\tUID\tPID\tGENERATION\tAGE\tEXPIRES IN")
 			for _, l := range leases {
 				expires := "-"
@@ -338,7 +352,7 @@ key of each lease's status document.`,
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Mode, l.HolderUID,
 					l.HolderPID, l.Generation, age(now.Sub(l.StartedAt)), expires)
 			}
-			return tw.Flush()
+			return flushed(out, tw.Flush())
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
@@ -372,16 +386,18 @@ daemon), newest first, of every resource or of RESOURCE: how each ended
 			if err != nil {
 				return err
 			}
+			out := bufio.NewWriterSize(stdout, 64<<10)
+			defer out.Flush()
 			if asJSON {
-				return writeJSON(stdout, leases)
+				return flushed(out, writeJSON(out, leases))
 			}
-			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "RESOURCE\tSTATUS\tMODE\tUID\tGENERATION\tSTARTED\tENDED")
 			for _, l := range leases {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Status, l.Mode, l.HolderUID,
 					l.Generation, l.StartedAt.Format(time.RFC3339), l.CompletedAt.Format(time.RFC3339))
 			}
-			return tw.Flush()
+			return flushed(out, tw.Flush())
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")

@@ -147,8 +147,8 @@ func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
 	if st.Size > maxRecordBytes {
 		return nil, fmt.Errorf("record of %d bytes exceeds %d", st.Size, maxRecordBytes)
 	}
-	// One byte more than the size, so that reading to the end takes one
-	// read and a file that grew since fstat is noticed.
+	// One byte more than the size, so that the whole record takes one
+	// read.
 	buf = buf[:0]
 	if cap(buf) < int(st.Size)+1 {
 		buf = make([]byte, 0, max(int(st.Size)+1, 1024))
@@ -167,6 +167,12 @@ func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
 			return buf, nil
 		}
 		buf = buf[:len(buf)+n]
+		if int64(len(buf)) == st.Size {
+			// Records are replaced by rename, never grown in place: the
+			// size fstat gave is the whole record, and the read that would
+			// return end-of-file is spared.
+			return buf, nil
+		}
 	}
 	return buf, nil
 }
