@@ -31,10 +31,13 @@ const scaleReserves = 200
 // reached), starts the daemon and reports
 //
 //	start-s      from exec to the daemon's "mounted" line
+//	start-cpu-s  the daemon's user and system time by then (a figure less
+//	             disturbed by other load on the machine than start-s)
 //	rss-MiB      the daemon's VmRSS right after start
 //	readdir-s    reading every name of the mount's root (the first listing)
 //	readdir2-s   the same a second time
 //	ls-s         "leasefs ls --state STATE" while the daemon serves it
+//	ls-cpu-s     its user and system time
 //	reserve-ms   p50 of open(O_CREAT|O_EXCL) of a fresh name (each then unlinked)
 //
 // It measures once per size whatever b.N is: run it with
@@ -66,9 +69,11 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(m.readdir.Seconds(), "readdir-s")
 			b.ReportMetric(m.readdir2.Seconds(), "readdir2-s")
 			b.ReportMetric(m.ls.Seconds(), "ls-s")
+			b.ReportMetric(m.startCPU.Seconds(), "start-cpu-s")
+			b.ReportMetric(m.lsCPU.Seconds(), "ls-cpu-s")
 			b.ReportMetric(float64(m.reserveP50)/float64(time.Millisecond), "reserve-ms")
-			b.Logf("%d leases: start %v, RSS %d KiB, readdir %v (again %v), ls %v, reserve p50 %v",
-				n, m.start, m.rssKiB, m.readdir, m.readdir2, m.ls, m.reserveP50)
+			b.Logf("%d leases: start %v (CPU %v), RSS %d KiB, readdir %v (again %v), ls %v (CPU %v), reserve p50 %v",
+				n, m.start, m.startCPU, m.rssKiB, m.readdir, m.readdir2, m.ls, m.lsCPU, m.reserveP50)
 		})
 	}
 }
@@ -76,6 +81,7 @@ func BenchmarkScale(b *testing.B) {
 // scaleFigures is what [measureScale] measured.
 type scaleFigures struct {
 	start, readdir, readdir2, ls, reserveP50 time.Duration
+	startCPU, lsCPU                          time.Duration // user + system time
 	rssKiB                                   int
 }
 
@@ -90,7 +96,7 @@ func measureScale(b *testing.B, n int) scaleFigures {
 	t0 := time.Now()
 	d := startDaemon(b, daemonOpts{state: state, leaseDuration: scaleLeaseDuration, readyTimeout: 2 * time.Minute})
 	m.start = time.Since(t0)
-	m.rssKiB = vmRSS(b, d.pid)
+	m.rssKiB, m.startCPU = vmRSS(b, d.pid), cpuTime(b, d.pid)
 
 	for _, dst := range []*time.Duration{&m.readdir, &m.readdir2} {
 		t0 = time.Now()
@@ -109,6 +115,7 @@ func measureScale(b *testing.B, n int) scaleFigures {
 		b.Fatalf("leasefs ls: %v\n%s", err, errOut.String())
 	}
 	m.ls = time.Since(t0)
+	m.lsCPU = ls.ProcessState.UserTime() + ls.ProcessState.SystemTime()
 	if lines := bytes.Count(out.Bytes(), []byte("\n")); lines != n+1 {
 		b.Fatalf("leasefs ls printed %d lines, want %d (header and one per lease)", lines, n+1)
 	}
@@ -209,4 +216,23 @@ func vmRSS(b *testing.B, pid int) int {
 	}
 	b.Fatal(errors.New("no VmRSS in /proc/pid/status"))
 	return 0
+}
+
+// cpuTime returns the user and system time process pid has used so far,
+// from /proc/PID/stat (proc(5): utime and stime, fields 14 and 15, in
+// clock ticks of 1/100 s).
+func cpuTime(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces: count from after it.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	utime, err1 := strconv.Atoi(fields[11])
+	stime, err2 := strconv.Atoi(fields[12])
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %q", pid, data)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
