@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -306,27 +305,6 @@ func (s *FileStore) load() error {
 		}
 	}
 	return nil
-}
-
-// readRecordFile reads a record without following symlinks or blocking on
-// special files: only a regular file of at most maxRecordBytes is read.
-func readRecordFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", st.Mode().Type())
-	}
-	if st.Size() > maxRecordBytes {
-		return nil, fmt.Errorf("record of %d bytes exceeds %d", st.Size(), maxRecordBytes)
-	}
-	return io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
 }
 
 // writeFile replaces path atomically and durably: a pending file in the same

@@ -129,7 +129,7 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 // readRecordAt reads record name of the directory open as dirFD into buf
 // (grown as needed) without following symlinks or blocking on special
 // files: only a regular file of at most maxRecordBytes is read. It is
-// readRecordFile with raw system calls: one open, fstat, read and close per
+// one open, fstat, read and close per
 // record, no descriptor registered with the runtime's poller.
 func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
 	fd, err := openat(dirFD, name)
