@@ -128,9 +128,9 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 
 // readRecordAt reads record name of the directory open as dirFD into buf
 // (grown as needed) without following symlinks or blocking on special
-// files: only a regular file of at most maxRecordBytes is read. It is
-// one open, fstat, read and close per
-// record, no descriptor registered with the runtime's poller.
+// files: only a regular file of at most maxRecordBytes is read. It makes
+// raw system calls, one open, fstat, read and close per record, and
+// registers no descriptor with the runtime's poller.
 func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
 	fd, err := openat(dirFD, name)
 	if err != nil {
