@@ -261,8 +261,15 @@ func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, erro
 	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", format)}
 }
 
+// listingGCPercent is the garbage collector's target of "ls", "history" and
+// "status" (runtime/debug.SetGCPercent): they are short-lived and their
+// heap is almost all the store they list, which a collection cannot free,
+// so fewer collections while it loads are pure gain.
+const listingGCPercent = 400
+
 // openReadOnly opens the store at state for reading under its shared lock.
 func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) {
+	debug.SetGCPercent(listingGCPercent)
 	held, ok := daemonlock.Held(filepath.Join(state, mount.DaemonLockName))
 	return leasecore.OpenFileStore(state, leasecore.Options{
 		ReadOnly: true,

@@ -18,9 +18,9 @@ import (
 // a time.
 const loadBatch = 256
 
-// freeAfterLoad is the number of records from which loadRecords returns
-// the garbage of loading to the operating system at once, rather than
-// leaving a daemon's resident size at its loading peak.
+// freeAfterLoad is the number of records from which loadRecords of a
+// writable store returns the garbage of loading to the operating system at
+// once, rather than leaving a daemon's resident size at its loading peak.
 const freeAfterLoad = 10000
 
 // loadRecords reads and decodes the records among names (the entries of
@@ -81,7 +81,9 @@ func (s *FileStore) loadRecords(names []string) error {
 			s.hw = max(s.hw, e.lease.Generation)
 		}
 	}
-	if total >= freeAfterLoad {
+	if total >= freeAfterLoad && !s.opts.ReadOnly {
+		// A read-only store serves a command that exits soon ("leasefs
+		// ls"): returning memory would only cost it a collection.
 		debug.FreeOSMemory()
 	}
 	return nil
