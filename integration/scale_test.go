@@ -22,7 +22,7 @@ import (
 const scaleLeaseDuration = time.Hour
 
 // scaleReserves is how many reserves [BenchmarkScale] times for its p50.
-const scaleReserves = 200
+const scaleReserves = 500
 
 // BenchmarkScale measures how leasefs copes with many live leases: for each
 // size it plants that many active token leases as record files
