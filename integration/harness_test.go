@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -181,6 +182,7 @@ type daemonOpts struct {
 	env             []string      // KEY=VALUE entries added to the daemon's environment
 	metricsAddr     string        // non-empty: pass --metrics-addr (see [daemon.metricsURL])
 	extraArgs       []string      // more flags of leasefs mount, e.g. --store etcd://…
+	readyTimeout    time.Duration // 0: 15 s to wait for msg=mounted
 }
 
 // daemon is one running `leasefs mount` process started by [startDaemon].
@@ -194,7 +196,7 @@ type daemon struct {
 	exited     chan struct{} // closed once the process has been waited for
 }
 
-// startDaemon starts `leasefs mount` and waits up to 15 s for its `msg=mounted` log line.
+// startDaemon starts `leasefs mount` and waits up to 15 s (opts.readyTimeout) for its `msg=mounted` log line.
 // It fails the test with the daemon's stderr if the process exits first. Cleanup stops the
 // daemon if it still runs and always detaches the mountpoint.
 func startDaemon(t testing.TB, opts daemonOpts) *daemon {
@@ -272,9 +274,9 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	case <-d.exited:
 		t.Fatalf("leasefs mount exited (code %d) before msg=mounted; stderr:\n%s",
 			d.cmd.ProcessState.ExitCode(), d.stderr())
-	case <-time.After(15 * time.Second):
+	case <-time.After(cmp.Or(opts.readyTimeout, 15*time.Second)):
 		d.shutdown(false)
-		t.Fatalf("leasefs mount not ready after 15s; stderr:\n%s", d.stderr())
+		t.Fatalf("leasefs mount not ready after %v; stderr:\n%s", cmp.Or(opts.readyTimeout, 15*time.Second), d.stderr())
 	}
 	if mountCount(t, mp) == 0 {
 		t.Fatalf("msg=mounted logged but %s is not in /proc/self/mountinfo; stderr:\n%s", mp, d.stderr())

@@ -398,16 +398,33 @@ func (s *store) Load(ctx context.Context, id string) (_ Lease, err error) {
 	return s.view(e), nil
 }
 
-// liveLocked returns the live leases accepted by keep, sorted by resource;
+// liveLocked returns the live leases whose resource keep accepts, sorted by resource;
 // dead ones are left to the reaper. The caller holds mu.
-func (s *store) liveLocked(keep func(*entry) bool) []Lease {
-	var out []Lease
-	for _, e := range s.live {
-		if keep(e) && s.alive(e) {
-			out = append(out, s.snapshot(e))
+//
+// The entries are sorted by (resource, entry) pairs before they are
+// copied: a swap moves 24 bytes where sorting leases would move a whole
+// Lease, and a comparison reads the resource strings, small and packed,
+// without touching the entries. For 100,000 leases this is most of the
+// cost of a listing.
+func (s *store) liveLocked(keep func(resource string) bool) []Lease {
+	type keyed struct {
+		resource string
+		e        *entry
+	}
+	es := make([]keyed, 0, len(s.live))
+	for resource, e := range s.live {
+		if keep(resource) && s.alive(e) {
+			es = append(es, keyed{resource, e})
 		}
 	}
-	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Resource, b.Resource) })
+	if len(es) == 0 {
+		return nil
+	}
+	slices.SortFunc(es, func(a, b keyed) int { return strings.Compare(a.resource, b.resource) })
+	out := make([]Lease, len(es))
+	for i, k := range es {
+		out[i] = s.snapshot(k.e)
+	}
 	return out
 }
 
@@ -417,7 +434,7 @@ func (s *store) List(ctx context.Context) (_ []Lease, err error) {
 		return nil, err
 	}
 	defer s.unlock(&err)
-	return s.liveLocked(func(*entry) bool { return true }), nil
+	return s.liveLocked(func(string) bool { return true }), nil
 }
 
 // ListDir returns the namespaces and live leases directly inside dir; see
@@ -437,7 +454,7 @@ func (s *store) ListDir(ctx context.Context, dir string) (_ []Namespace, _ []Lea
 		}
 	}
 	slices.SortFunc(nss, func(a, b Namespace) int { return strings.Compare(a.Path, b.Path) })
-	return nss, s.liveLocked(func(e *entry) bool { return parentOf(e.lease.Resource) == dir }), nil
+	return nss, s.liveLocked(func(resource string) bool { return parentOf(resource) == dir }), nil
 }
 
 // History returns ended leases newest first; see [Store.History].

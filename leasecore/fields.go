@@ -174,50 +174,69 @@ func (f field) recordTOML(l *Lease) string {
 // integers accept non-negative integers that fit the field; times accept
 // RFC 3339 strings and native TOML offset datetimes.
 func (f field) set(l *Lease, x any) error {
-	v := f.value(l)
 	switch f.kind {
 	case kindString:
 		s, ok := x.(string)
 		if !ok {
 			return fmt.Errorf("%s: want a string, got %T", f.key, x)
 		}
-		v.SetString(s)
+		f.setString(l, s)
 	case kindInt:
 		n, ok := x.(int64)
 		if !ok {
 			return fmt.Errorf("%s: want an integer, got %T", f.key, x)
 		}
-		if n < 0 {
-			return fmt.Errorf("%s: %d is negative", f.key, n)
-		}
-		if v.CanInt() {
-			if v.OverflowInt(n) {
-				return fmt.Errorf("%s: %d out of range", f.key, n)
-			}
-			v.SetInt(n)
-		} else {
-			if v.OverflowUint(uint64(n)) {
-				return fmt.Errorf("%s: %d out of range", f.key, n)
-			}
-			v.SetUint(uint64(n))
-		}
+		return f.setInt(l, n)
 	case kindTime:
-		var t time.Time
 		switch x := x.(type) {
 		case string:
-			parsed, err := time.Parse(time.RFC3339Nano, x)
-			if err != nil {
-				return fmt.Errorf("%s: bad time %q", f.key, x)
-			}
-			t = parsed
+			return f.setTimeText(l, x)
 		case time.Time:
-			t = x
+			f.setTime(l, x)
 		default:
 			return fmt.Errorf("%s: want a time, got %T", f.key, x)
 		}
-		v.Set(reflect.ValueOf(t.UTC()))
 	}
 	return nil
+}
+
+// setString stores string s into string field f of l.
+func (f field) setString(l *Lease, s string) { f.value(l).SetString(s) }
+
+// setInt stores n into integer field f of l; negative values and values
+// the field cannot hold are errors.
+func (f field) setInt(l *Lease, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%s: %d is negative", f.key, n)
+	}
+	v := f.value(l)
+	if v.CanInt() {
+		if v.OverflowInt(n) {
+			return fmt.Errorf("%s: %d out of range", f.key, n)
+		}
+		v.SetInt(n)
+		return nil
+	}
+	if v.OverflowUint(uint64(n)) {
+		return fmt.Errorf("%s: %d out of range", f.key, n)
+	}
+	v.SetUint(uint64(n))
+	return nil
+}
+
+// setTimeText stores the RFC 3339 time s into time field f of l, in UTC.
+func (f field) setTimeText(l *Lease, s string) error {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return fmt.Errorf("%s: bad time %q", f.key, s)
+	}
+	f.setTime(l, t)
+	return nil
+}
+
+// setTime stores t into time field f of l, in UTC.
+func (f field) setTime(l *Lease, t time.Time) {
+	*f.value(l).Addr().Interface().(*time.Time) = t.UTC()
 }
 
 // Field is one key of the status document (docs/PROTOCOL.md §4.1), with its

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -287,35 +286,8 @@ func (s *FileStore) load() error {
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
-	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
-	for _, name := range names {
-		path := filepath.Join(s.dir, name)
-		if strings.HasPrefix(name, ".lease-") && !strings.HasSuffix(name, ".toml") || strings.HasPrefix(name, freePrefix) {
-			// A temporary file left by a crash mid-write: the record it was
-			// to replace is intact, so the leftover is garbage.
-			if !s.opts.ReadOnly {
-				_ = os.Remove(path)
-			}
-			continue
-		}
-		id, ok := strings.CutSuffix(name, ".toml")
-		if !ok || ValidateLeaseID(id) != nil {
-			continue
-		}
-		data, err := readRecordFile(path)
-		if err != nil {
-			s.opts.Logger.Warn("skipping unreadable lease record", "path", path, "err", err)
-			continue
-		}
-		l, hash, err := decodeRecord(data)
-		if err == nil && l.ID != id {
-			err = fmt.Errorf("lease_id %q does not match the file name", l.ID)
-		}
-		if err != nil {
-			s.opts.Logger.Warn("skipping corrupt lease record", "path", path, "err", err)
-			continue
-		}
-		s.addLoaded(l, hash, now, mono)
+	if err := s.loadRecords(names); err != nil {
+		return err
 	}
 	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
 		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
@@ -326,7 +298,7 @@ func (s *FileStore) load() error {
 			s.hw = max(s.hw, n)
 		}
 	}
-	if err := s.replayJournal(now, mono); err != nil {
+	if err := s.replayJournal(s.opts.Clock.Now(), s.opts.Clock.Mono()); err != nil {
 		return err
 	}
 	if !s.opts.ReadOnly {
@@ -396,27 +368,6 @@ func (s *FileStore) load() error {
 		}
 	}
 	return nil
-}
-
-// readRecordFile reads a record without following symlinks or blocking on
-// special files: only a regular file of at most maxRecordBytes is read.
-func readRecordFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", st.Mode().Type())
-	}
-	if st.Size() > maxRecordBytes {
-		return nil, fmt.Errorf("record of %d bytes exceeds %d", st.Size(), maxRecordBytes)
-	}
-	return io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
 }
 
 // writeFile replaces path atomically and durably: a pending file in the same

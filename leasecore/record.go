@@ -47,7 +47,32 @@ func encodeRecord(l *Lease, tokenHash string) []byte {
 // ignored; a record of the reference store, which lacks this project's
 // fields, loads as a token lease. It never panics on hostile input; it
 // returns an error for anything that is not a well-formed lease.
+//
+// Records in leasefs's own canonical form take a fast path
+// ([decodeCanonical]); everything else goes through the general TOML
+// decoder ([decodeTOMLRecord]), with the same results.
 func decodeRecord(data []byte) (Lease, string, error) {
+	var l Lease
+	hash, err := decodeRecordInto(&l, data, nil)
+	return l, hash, err
+}
+
+// decodeRecordInto is [decodeRecord] into *l, which must be the zero
+// Lease, sharing repeated string values through intern (see
+// [decodeCanonical]); intern may be nil. On error *l is unspecified.
+func decodeRecordInto(l *Lease, data []byte, intern func([]byte) string) (string, error) {
+	if hash, ok := decodeCanonical(l, data, intern); ok {
+		return hash, validateRecord(l)
+	}
+	var err error
+	var hash string
+	*l, hash, err = decodeTOMLRecord(data)
+	return hash, err
+}
+
+// decodeTOMLRecord is [decodeRecord] through the general TOML decoder:
+// any valid TOML, native datetimes, unknown keys ignored.
+func decodeTOMLRecord(data []byte) (Lease, string, error) {
 	if len(data) > maxRecordBytes {
 		return Lease{}, "", fmt.Errorf("record of %d bytes exceeds %d", len(data), maxRecordBytes)
 	}

@@ -314,7 +314,13 @@ func Run(ctx context.Context, opts Options) error {
 		DirectMount: root,
 		MaxWrite:    maxWrite,
 		EnableLocks: true,
-		Debug:       opts.Debug,
+		// READDIRPLUS would make go-fuse look up every listed name and
+		// build an inode for it, and with zero entry and attribute
+		// timeouts the kernel cannot reuse any of it: a stat after the
+		// listing asks again. Plain READDIR lists 100,000 names in a
+		// fraction of the time (docs/ARCHITECTURE.md, scaling).
+		DisableReadDirPlus: true,
+		Debug:              opts.Debug,
 	}
 	server, err := fuse.NewServer(lfs.RawFileSystem(), mp, &mo)
 	if err != nil {

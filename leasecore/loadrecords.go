@@ -1,0 +1,203 @@
+package leasecore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// loadBatch is how many directory entries one loading goroutine claims at
+// a time.
+const loadBatch = 256
+
+// freeAfterLoad is the number of records from which loadRecords of a
+// writable store returns the garbage of loading to the operating system at
+// once, rather than leaving a daemon's resident size at its loading peak.
+const freeAfterLoad = 10000
+
+// loadRecords reads and decodes the records among names (the entries of
+// the leases directory) into s.leases and raises s.hw. Temporary files a
+// crash left are removed unless the store is read-only; unreadable and
+// corrupt records are logged and skipped. The work is spread over
+// GOMAXPROCS goroutines, each reading with its own buffer: opening, reading
+// and decoding a record is independent of every other. The caller holds
+// the store lock; s.mu is not needed, as nothing else sees the store yet.
+// Errors: opening the leases directory.
+func (s *FileStore) loadRecords(names []string) error {
+	dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	defer unix.Close(dirFD)
+	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
+
+	workers := min(runtime.GOMAXPROCS(0), max(len(names)/loadBatch, 1))
+	found := make([][]*entry, workers)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []byte
+			intern := interner{}
+			for {
+				start := int(next.Add(loadBatch)) - loadBatch
+				if start >= len(names) {
+					return
+				}
+				for _, name := range names[start:min(start+loadBatch, len(names))] {
+					var e *entry
+					e, buf = s.loadRecord(dirFD, name, buf, intern.get)
+					if e != nil {
+						age := max(now.Sub(e.lease.HeartbeatAt), 0)
+						e.hbMono = mono - age
+						found[w] = append(found[w], e)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	total := 0
+	for _, es := range found {
+		total += len(es)
+	}
+	if len(s.leases) == 0 {
+		s.leases = make(map[string]*entry, total)
+	}
+	for _, es := range found {
+		for _, e := range es {
+			s.leases[e.lease.ID] = e
+			s.hw = max(s.hw, e.lease.Generation)
+		}
+	}
+	if total >= freeAfterLoad && !s.opts.ReadOnly {
+		// A read-only store serves a command that exits soon ("leasefs
+		// ls"): returning memory would only cost it a collection.
+		debug.FreeOSMemory()
+	}
+	return nil
+}
+
+// loadRecord reads and decodes directory entry name, using buf (returned,
+// possibly grown, for the next call). It returns nil for an entry that is
+// not a record or cannot be loaded, after logging why, and removes the
+// temporary file of a crashed write unless the store is read-only. Safe
+// for concurrent use with distinct bufs.
+func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([]byte) string) (*entry, []byte) {
+	if strings.HasPrefix(name, ".lease-") && !strings.HasSuffix(name, ".toml") || strings.HasPrefix(name, freePrefix) {
+		// A temporary file left by a crash mid-write: the record it was
+		// to replace is intact, so the leftover is garbage.
+		if !s.opts.ReadOnly {
+			_ = unix.Unlinkat(dirFD, name, 0)
+		}
+		return nil, buf
+	}
+	id, ok := strings.CutSuffix(name, ".toml")
+	if !ok || ValidateLeaseID(id) != nil {
+		return nil, buf
+	}
+	data, err := readRecordAt(dirFD, name, buf)
+	if data != nil {
+		buf = data[:0]
+	}
+	if err != nil {
+		s.opts.Logger.Warn("skipping unreadable lease record", "path", filepath.Join(s.dir, name), "err", err)
+		return nil, buf
+	}
+	e := new(entry)
+	e.hash, err = decodeRecordInto(&e.lease, data, intern)
+	if err == nil && e.lease.ID != id {
+		err = fmt.Errorf("lease_id %q does not match the file name", e.lease.ID)
+	}
+	if err != nil {
+		s.opts.Logger.Warn("skipping corrupt lease record", "path", filepath.Join(s.dir, name), "err", err)
+		return nil, buf
+	}
+	s.fillExpiry(&e.lease)
+	return e, buf
+}
+
+// readRecordAt reads record name of the directory open as dirFD into buf
+// (grown as needed) without following symlinks or blocking on special
+// files: only a regular file of at most maxRecordBytes is read. It makes
+// raw system calls, one open, fstat, read and close per record, and
+// registers no descriptor with the runtime's poller.
+func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
+	fd, err := openat(dirFD, name)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, &fs.PathError{Op: "fstat", Path: name, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("not a regular file (mode %#o)", st.Mode&unix.S_IFMT)
+	}
+	if st.Size > maxRecordBytes {
+		return nil, fmt.Errorf("record of %d bytes exceeds %d", st.Size, maxRecordBytes)
+	}
+	// One byte more than the size, so that the whole record takes one
+	// read.
+	buf = buf[:0]
+	if cap(buf) < int(st.Size)+1 {
+		buf = make([]byte, 0, max(int(st.Size)+1, 1024))
+	}
+	for len(buf) <= maxRecordBytes {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow
+		}
+		n, err := unix.Read(fd, buf[len(buf):min(cap(buf), maxRecordBytes+1)])
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return buf, &fs.PathError{Op: "read", Path: name, Err: err}
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) == st.Size {
+			// Records are replaced by rename, never grown in place: the
+			// size fstat gave is the whole record, and the read that would
+			// return end-of-file is spared.
+			return buf, nil
+		}
+	}
+	return buf, nil
+}
+
+// openat opens name in dirFD for reading, refusing symlinks and never
+// blocking on a FIFO, retrying on EINTR. It asks not to update the access
+// time (O_NOATIME, open(2)): loading would otherwise dirty the inode of
+// every record read for the first time since it was written, a journal
+// write per record. O_NOATIME needs the file's owner or CAP_FOWNER; for
+// anyone else (EPERM) the record is opened without it.
+func openat(dirFD int, name string) (int, error) {
+	flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOATIME
+	for {
+		fd, err := unix.Openat(dirFD, name, flags, 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EPERM) && flags&unix.O_NOATIME != 0:
+			flags &^= unix.O_NOATIME
+			continue
+		case err != nil:
+			return -1, &fs.PathError{Op: "open", Path: name, Err: err}
+		}
+		return fd, nil
+	}
+}
