@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -222,6 +223,14 @@ func TestEtcdTwoMountsRaces(t *testing.T) {
 	}
 }
 
+// tail returns the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
 // unixTime parses a "%.6f" Unix time printed by a Python client.
 func unixTime(t testing.TB, s string) time.Time {
 	t.Helper()
@@ -278,8 +287,16 @@ func TestEtcdClusterLeaderLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	total := 0
+	deadline := time.Now().Add(15 * time.Second)
 	for i, c := range clients {
-		r := c.wait(30 * time.Second)
+		for c.running() && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if c.running() {
+			t.Fatalf("client %d (mount %s) still runs 15s after the stop file: %s\ndaemon A:\n%s\ndaemon B:\n%s",
+				i, []*daemon{a, b}[i%2].mountpoint, c, tail(a.stderr(), 3000), tail(b.stderr(), 3000))
+		}
+		r := c.wait(time.Second)
 		kv := c.kv()
 		if r.code != 0 {
 			t.Fatalf("client %d: %s", i, r)
@@ -395,6 +412,22 @@ func TestEtcdCutOffHolder(t *testing.T) {
 		}
 	}
 	checkExclusion(t, readHoldLog(t, log))
+
+	// leasefs status names the daemon's etcd store and tells whether the
+	// cluster answers it (through the same cut proxy).
+	r := runClient(t, nil, leasefsBin, "status", "--state", a.state, "--json")
+	var st map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 {
+		t.Fatalf("leasefs status of the cut-off daemon: %v: %s", err, r)
+	}
+	if st["store"] != "etcd" || st["store_url"] != "etcd://"+proxy.Endpoint()+prefix || st["cluster"] != "unreachable" || st["cluster_error"] == "" {
+		t.Errorf("leasefs status --json of the cut-off daemon = %v, want store etcd, its store_url, cluster unreachable with an error", st)
+	}
+	r = runClient(t, nil, leasefsBin, "status", "--state", b.state)
+	if r.code != 0 || !strings.Contains(r.stdout, "store:       etcd://"+srv.Endpoint()+prefix) || !strings.Contains(r.stdout, "cluster:     reachable") ||
+		!strings.Contains(r.stdout, "leases:      0 token, 0 handle") {
+		t.Errorf("leasefs status of the connected daemon: %s\nwant its etcd store, cluster reachable, no leases", r)
+	}
 	b.stop(true)
 	a.stop(false)
 }
