@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,18 +130,23 @@ func readHoldLog(t testing.TB, path string) []holdLogEntry {
 // appended after a previous holder's end came after that end.
 func checkExclusion(t testing.TB, log []holdLogEntry) {
 	t.Helper()
-	holder := map[string]string{}
+	holders := map[string]map[string]bool{} // name → pids in their critical section
 	for i, e := range log {
-		switch cur, held := holder[e.name]; {
-		case e.start && held:
-			t.Errorf("log line %d: pid %s holds %s while pid %s still does: two holders", i+1, e.pid, e.name, cur)
-			holder[e.name] = e.pid
+		set := holders[e.name]
+		if set == nil {
+			set = map[string]bool{}
+			holders[e.name] = set
+		}
+		switch {
+		case e.start && len(set) > 0:
+			t.Errorf("log line %d: pid %s holds %s while %v still do: two holders", i+1, e.pid, e.name, slices.Sorted(maps.Keys(set)))
+			set[e.pid] = true
 		case e.start:
-			holder[e.name] = e.pid
-		case !held || cur != e.pid:
-			t.Errorf("log line %d: pid %s ends %s held by %q", i+1, e.pid, e.name, cur)
+			set[e.pid] = true
+		case !set[e.pid]:
+			t.Errorf("log line %d: pid %s ends %s, which it does not hold", i+1, e.pid, e.name)
 		default:
-			delete(holder, e.name)
+			delete(set, e.pid)
 		}
 	}
 }
