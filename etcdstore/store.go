@@ -120,7 +120,27 @@ type known struct {
 // handle is the keep-alive of one handle lease held by this store.
 type handle struct {
 	cancel context.CancelFunc
+	// deadline is the lease's local end (docs/PROTOCOL.md §8a): the send
+	// time of the last keep-alive (or grant) the cluster confirmed, plus
+	// the etcd lease's TTL, minus [localMargin]. It is a reading of the
+	// real monotonic clock (time.Now), not of Options.Clock: it is compared
+	// with etcd's own TTL countdown. Guarded by Store.mu; it only grows.
+	deadline time.Time
 }
+
+// localMargin is how long before the cluster could expire an etcd lease of
+// TTL ttl this store considers it ended: max(ttl/3, 500 ms), and at most
+// ttl/2. It covers the difference in clock rates between this host and the
+// etcd leader and the time to publish the end (docs/PROTOCOL.md §8a).
+func localMargin(ttl time.Duration) time.Duration {
+	return min(max(ttl/3, 500*time.Millisecond), ttl/2)
+}
+
+// keepAliveEvery is the cadence of a handle lease's keep-alives for an etcd
+// lease of TTL ttl: ttl/6, so that a healthy connection renews the local
+// deadline (ttl - localMargin after a send) several times over before it
+// is reached.
+func keepAliveEvery(ttl time.Duration) time.Duration { return ttl / 6 }
 
 // rec is a decoded lease key.
 type rec struct {
@@ -436,7 +456,9 @@ func (s *Store) remember(r *rec) {
 	}
 }
 
-// deadReason applies the liveness rules to a live lease: rule 1 on this
+// deadReason applies the liveness rules to a live lease: a handle lease
+// this store keeps alive ends at its local deadline ([Store.keepAlive]);
+// rule 1 on this
 // store's monotonic clock from when it first saw the current heartbeat
 // (the etcd lease TTL, which the cluster enforces, fires no later up to
 // clock drift: see docs/PROTOCOL.md §8a), and rules 2 and 3 only for
@@ -447,6 +469,8 @@ func (s *Store) deadReason(r *rec) string {
 	switch {
 	case k.lost:
 		return "keep-alive lost"
+	case s.handles[r.l.ID] != nil && !time.Now().Before(s.handles[r.l.ID].deadline):
+		return "keep-alive not confirmed before the local deadline"
 	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.opts.LeaseDuration:
 		return "heartbeat expired"
 	case r.l.Host != s.opts.Host:
