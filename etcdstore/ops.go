@@ -37,7 +37,7 @@ func (s *Store) Reserve(ctx context.Context, d leasecore.Draft) (leasecore.Grant
 // reservation also removes that waiter key, and only while it exists.
 func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string, waiterRev int64) (leasecore.Grant, error) {
 	var grant clientv3.LeaseID
-	var grantSent time.Time     // when the grant was asked for: its TTL counts from no earlier
+	var grantSent time.Time    // when the grant was asked for: its TTL counts from no earlier
 	var grantTTL time.Duration // as granted
 	defer func() {
 		if grant != 0 {
