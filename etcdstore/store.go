@@ -111,9 +111,9 @@ type known struct {
 	// monotonic clock (docs/PROTOCOL.md §5 rule 1).
 	hb     time.Time
 	hbMono time.Duration
-	// lost: the keep-alive of this handle lease failed for longer than
-	// its TTL; the lease ended for this store (published), even if the
-	// cluster cannot yet be told.
+	// lost: no keep-alive of this handle lease was confirmed before its
+	// local deadline (see [Store.keepAlive]); the lease ended for this
+	// store (published), even if the cluster cannot yet be told.
 	lost bool
 }
 

@@ -408,6 +408,9 @@ func TestEtcdCutOffHolder(t *testing.T) {
 		granted := unixTime(t, takers[i].expectKey("granted_at", ttl+margin+5*time.Second)).Sub(cut)
 		t.Logf("%s: the holder on A read ESTALE %v after the cut (other errors %s), the waiter on B was granted %v after it",
 			n, stale.Round(time.Millisecond), holders[i].kv()["other_errors"], granted.Round(time.Millisecond))
+		if stale >= granted {
+			t.Errorf("%s: the cut-off holder read ESTALE %v after the cut, not before the waiter on B was granted (%v)", n, stale, granted)
+		}
 		if stale > ttl+margin {
 			t.Errorf("%s: the cut-off holder's lease ended %v after the cut, want at most %v + %v", n, stale, ttl, margin)
 		}
