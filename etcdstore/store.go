@@ -13,6 +13,11 @@
 // record under PREFIX/history/ in the same transaction, then revokes. The
 // key layout is documented on [keys] and in docs/PROTOCOL.md §8a.
 //
+// A handle lease is kept alive by the store that holds it, and ends for
+// that store at a local deadline that comes before etcd can expire it:
+// the send time of its last confirmed keep-alive plus the TTL minus a
+// margin (see [Store.keepAlive], docs/PROTOCOL.md §8a).
+//
 // Reads (Live, Load, List, ListDir, History) are linearizable etcd reads:
 // a change made through any mount is seen by the next read through every
 // other. The change feed ([Store.Watch]) follows an etcd watch of PREFIX.
