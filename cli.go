@@ -227,6 +227,7 @@ hand over. Root mounts directly; other users through fusermount3.`,
 				if opts.OpenStore, err = etcdOpener(spec, &sf, &opts); err != nil {
 					return err
 				}
+				opts.StoreName = sf.store
 			}
 			opts.Mountpoint = a[0]
 			level := slog.LevelInfo

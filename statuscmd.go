@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,15 +20,20 @@ import (
 // daemonStatus is what "leasefs status" reports (docs/PROTOCOL.md §8); its
 // JSON keys are the --json output.
 type daemonStatus struct {
-	Served     bool           `json:"served"`
-	State      string         `json:"state"`
-	Store      string         `json:"store"`
-	PID        int            `json:"pid,omitempty"`
-	Host       string         `json:"host,omitempty"`
-	Mountpoint string         `json:"mountpoint,omitempty"`
-	Since      *time.Time     `json:"since,omitempty"`
-	Leases     map[string]int `json:"leases"` // live leases by mode
-	Waiters    int            `json:"waiters"`
+	Served   bool   `json:"served"`
+	State    string `json:"state"`
+	Store    string `json:"store"`               // "file" or "etcd"
+	StoreURL string `json:"store_url,omitempty"` // the etcd:// store, as the daemon was given it
+	// Cluster is "reachable" or "unreachable" for an etcd store, as seen
+	// by this command (not by the daemon); ClusterError says why not.
+	Cluster      string         `json:"cluster,omitempty"`
+	ClusterError string         `json:"cluster_error,omitempty"`
+	PID          int            `json:"pid,omitempty"`
+	Host         string         `json:"host,omitempty"`
+	Mountpoint   string         `json:"mountpoint,omitempty"`
+	Since        *time.Time     `json:"since,omitempty"`
+	Leases       map[string]int `json:"leases"` // live leases by mode
+	Waiters      int            `json:"waiters"`
 	// OldestHeartbeat is the least recent heartbeat of a live token lease.
 	OldestHeartbeat *time.Time `json:"oldest_heartbeat,omitempty"`
 }
@@ -38,20 +44,26 @@ var errNotServed = exitCode(exitError)
 func newStatusCmd(stdout io.Writer) *cobra.Command {
 	var state string
 	var asJSON bool
+	var sf storeFlags
 	cmd := &cobra.Command{
-		Use:   "status [--state DIR] [--json]",
+		Use:   "status [--state DIR] [--store etcd://…] [--json]",
 		Short: "Tell whether a daemon serves the store, and what it holds",
 		Long: `Report whether a leasefs daemon serves the state directory: its pid,
 host, mountpoint and start time, the store, the live leases by mode, the
 blocked flock waiters and the oldest heartbeat of a token lease. Exit 0
 when a daemon serves it, 1 when none does (the report is printed either
-way). Reads the store under its lock; works with or without a daemon.`,
+way). Reads the store under its lock; works with or without a daemon.
+For a daemon serving an etcd store (recorded with its lock, or given
+with --store), it reads the cluster and reports whether it answers.`,
 		Example: `  leasefs status
   leasefs status --state /srv/leases --json
   leasefs status >/dev/null || leasefs mount /mnt/leases &`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := readDaemonStatus(cmd, state)
+			if !cmd.Flags().Changed("store") {
+				sf.store = "" // the daemon's lock says which store it serves
+			}
+			st, err := readDaemonStatus(cmd, state, &sf)
 			if err != nil {
 				return err
 			}
@@ -72,11 +84,18 @@ way). Reads the store under its lock; works with or without a daemon.`,
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	sf.add(cmd.Flags())
 	return cmd
 }
 
-// readDaemonStatus gathers the status of the store in state.
-func readDaemonStatus(cmd *cobra.Command, state string) (daemonStatus, error) {
+// clusterTimeout bounds how long "leasefs status" waits for an etcd
+// cluster before it reports it unreachable.
+const clusterTimeout = 5 * time.Second
+
+// readDaemonStatus gathers the status of the daemon of state and of its
+// store: the file store in state, or the etcd store the daemon recorded
+// with its lock (or sf names).
+func readDaemonStatus(cmd *cobra.Command, state string, sf *storeFlags) (daemonStatus, error) {
 	abs, err := filepath.Abs(state)
 	if err != nil {
 		return daemonStatus{}, err
@@ -87,20 +106,43 @@ func readDaemonStatus(cmd *cobra.Command, state string) (daemonStatus, error) {
 		st.Served = true
 		if h, ok := daemonlock.ReadHolder(lockPath); ok {
 			st.PID, st.Host, st.Mountpoint = h.PID, h.Host, h.Mountpoint
+			if sf.store == "" && h.Store != "" {
+				sf.store = h.Store
+			}
 			if !h.StartedAt.IsZero() {
 				since := h.StartedAt.UTC()
 				st.Since = &since
 			}
 		}
 	}
-	s, err := openReadOnly(state, cmd.ErrOrStderr())
-	if err != nil {
-		return st, err
-	}
-	defer s.Close()
-	leases, err := s.List(cmd.Context())
-	if err != nil {
-		return st, err
+	var leases []leasecore.Lease
+	if sf.store != "" && sf.store != "file" {
+		st.Store, st.StoreURL = "etcd", sf.store
+		ctx, cancel := context.WithTimeout(cmd.Context(), clusterTimeout)
+		defer cancel()
+		s, err := openForReading(ctx, state, sf, cmd.ErrOrStderr())
+		if err == nil {
+			leases, err = s.List(ctx)
+			s.Close()
+		}
+		if err != nil {
+			var u usageError
+			if errors.As(err, &u) {
+				return st, err
+			}
+			st.Cluster, st.ClusterError = "unreachable", err.Error()
+			return st, nil
+		}
+		st.Cluster = "reachable"
+	} else {
+		s, err := openReadOnly(state, cmd.ErrOrStderr())
+		if err != nil {
+			return st, err
+		}
+		defer s.Close()
+		if leases, err = s.List(cmd.Context()); err != nil {
+			return st, err
+		}
 	}
 	for _, l := range leases {
 		st.Leases[string(l.Mode)]++
@@ -126,7 +168,16 @@ func printStatus(w io.Writer, st daemonStatus) {
 	} else {
 		fmt.Fprintln(w, "served:      no daemon serves this store")
 	}
-	fmt.Fprintf(w, "store:       %s %s\n", st.Store, st.State)
+	if st.StoreURL != "" {
+		fmt.Fprintf(w, "store:       %s (daemon lock in %s)\n", st.StoreURL, st.State)
+		if st.ClusterError != "" {
+			fmt.Fprintf(w, "cluster:     unreachable from here: %s\n", st.ClusterError)
+			return
+		}
+		fmt.Fprintln(w, "cluster:     reachable")
+	} else {
+		fmt.Fprintf(w, "store:       %s %s\n", st.Store, st.State)
+	}
 	fmt.Fprintf(w, "leases:      %d token, %d handle\n", st.Leases[string(leasecore.ModeToken)], st.Leases[string(leasecore.ModeHandle)])
 	fmt.Fprintf(w, "waiters:     %d\n", st.Waiters)
 	if st.OldestHeartbeat != nil {

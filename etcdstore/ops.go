@@ -37,6 +37,8 @@ func (s *Store) Reserve(ctx context.Context, d leasecore.Draft) (leasecore.Grant
 // reservation also removes that waiter key, and only while it exists.
 func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string, waiterRev int64) (leasecore.Grant, error) {
 	var grant clientv3.LeaseID
+	var grantSent time.Time    // when the grant was asked for: its TTL counts from no earlier
+	var grantTTL time.Duration // as granted
 	defer func() {
 		if grant != 0 {
 			s.revoke(grant)
@@ -101,12 +103,13 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		}
 		if grant == 0 {
 			cctx, done := s.call(ctx)
+			grantSent = time.Now()
 			g, err := s.cli.Grant(cctx, s.ttl)
 			done()
 			if err != nil {
 				return leasecore.Grant{}, s.unreachable(ctx, "grant", s.k.live(d.Resource), err, false)
 			}
-			grant = g.ID
+			grant, grantTTL = g.ID, time.Duration(g.TTL)*time.Second
 		}
 		now := s.opts.Clock.Now().UTC()
 		token := leasecore.NewToken()
@@ -165,7 +168,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		l.Waiters = int(waiters)
 		s.mu.Unlock()
 		if l.Mode == leasecore.ModeHandle {
-			s.keepAlive(l.ID, grant)
+			s.keepAlive(l.ID, grant, grantSent, grantTTL)
 		}
 		grant = 0 // now the lease's
 		return leasecore.Grant{Lease: l, Token: token}, nil
@@ -314,41 +317,75 @@ func (s *Store) lookup(ctx context.Context, id string) (byID, error) {
 	if err := leasecore.ValidateLeaseID(id); err != nil {
 		return byID{}, err
 	}
-	found, again, err := s.lookupOnce(ctx, id)
-	if again {
-		// Its history record was written between the read and now: read
-		// again, by id.
-		found, _, err = s.lookupOnce(ctx, id)
+	for {
+		found, again, err := s.lookupOnce(ctx, id)
+		if again {
+			// Its history record was written between the read and now:
+			// read again, by id.
+			found, _, err = s.lookupOnce(ctx, id)
+		}
+		var pe *leasecore.PersistError
+		if err == nil || !errors.As(err, &pe) {
+			return found, err
+		}
+		// The cluster failed fast (a reset connection) while id is a
+		// handle lease this store keeps alive and its local deadline is
+		// ahead: read again until it answers or the deadline ends the
+		// lease, so that the holder sees its lease or ESTALE, not EIO
+		// (docs/PROTOCOL.md §8a).
+		s.mu.Lock()
+		h := s.handles[id]
+		var left time.Duration
+		if h != nil {
+			left = time.Until(h.deadline)
+		}
+		s.mu.Unlock()
+		if left <= 0 {
+			return found, err
+		}
+		t := time.NewTimer(min(left, 50*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return byID{}, ctx.Err()
+		case <-s.bg.Done():
+			t.Stop()
+			return found, err
+		case <-t.C:
+		}
 	}
-	return found, err
 }
 
 // lookupOnce is one try of lookup; again says that the lease ended while
 // it read and should be read once more.
 func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bool, err error) {
+	s.pastDeadline(id)
 	s.mu.Lock()
 	k := s.known[id]
 	var resource string
-	var lost *leasecore.Lease
 	wasKnown := k != nil
 	if k != nil {
 		resource = k.resource
-		if k.lost {
-			l := k.last
-			l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
-			lost = &l
-		}
 	}
 	s.mu.Unlock()
-	if lost != nil {
+	if lost := s.lostLease(id); lost != nil {
 		return byID{ended: lost}, false, nil
 	}
+	// A failed read of a handle lease this store keeps alive, cut short
+	// by its local deadline, answers from local knowledge: it has ended.
+	failed := func(err error) (byID, bool, error) {
+		s.pastDeadline(id)
+		if lost := s.lostLease(id); lost != nil {
+			return byID{ended: lost}, false, nil
+		}
+		return byID{}, false, err
+	}
 	if resource == "" {
-		cctx, done := s.call(ctx)
+		cctx, done := s.callFor(ctx, id)
 		resp, err := s.cli.Txn(cctx).Then(clientv3.OpGet(s.k.id(id)), clientv3.OpGet(s.k.history(id))).Commit()
 		done()
 		if err != nil {
-			return byID{}, false, s.unreachable(ctx, "read", s.k.id(id), err, false)
+			return failed(s.unreachable(ctx, "read", s.k.id(id), err, false))
 		}
 		s.seeRev(resp.Header.Revision)
 		if h := resp.Responses[1].GetResponseRange().Kvs; len(h) > 0 {
@@ -362,7 +399,7 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 		}
 		resource = string(kvs[0].Value)
 	}
-	cctx, done := s.call(ctx)
+	cctx, done := s.callFor(ctx, id)
 	resp, err := s.cli.Txn(cctx).Then(
 		clientv3.OpGet(s.k.live(resource)),
 		clientv3.OpGet(s.k.history(id)),
@@ -370,7 +407,7 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 	).Commit()
 	done()
 	if err != nil {
-		return byID{}, false, s.unreachable(ctx, "read", s.k.live(resource), err, false)
+		return failed(s.unreachable(ctx, "read", s.k.live(resource), err, false))
 	}
 	s.seeRev(resp.Header.Revision)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -397,6 +434,21 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 	// Known when the read began and forgotten since: its history is
 	// written now.
 	return byID{}, wasKnown, fmt.Errorf("%w: lease %s", leasecore.ErrNotFound, id)
+}
+
+// lostLease returns lease id as this store recorded it when it ended the
+// lease on its own (its keep-alive unconfirmed past the local deadline),
+// or nil.
+func (s *Store) lostLease(id string) *leasecore.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := s.known[id]
+	if k == nil || !k.lost {
+		return nil
+	}
+	l := k.last
+	l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
+	return &l
 }
 
 // mutate runs change on live lease id after checking token when given, and
@@ -529,9 +581,9 @@ func (s *Store) End(ctx context.Context, id string, status leasecore.Status) (le
 }
 
 // Bind turns live lease id into a handle lease, which this store then
-// keeps alive (client keep-alive of its etcd lease) until it ends; see
-// [leasecore.Store.Bind]. Round trips: a read and the compare-and-swap
-// transaction (two).
+// keeps alive (keep-alives of its etcd lease, see [Store.keepAlive]) until
+// it ends; see [leasecore.Store.Bind]. Round trips: a read, the
+// compare-and-swap transaction and a first keep-alive (three).
 func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.Lease, error) {
 	l, r, err := s.mutate(ctx, id, nil, chBound, "", func(l *leasecore.Lease) (bool, error) {
 		if l.Mode == leasecore.ModeHandle && (holderPID <= 0 || holderPID == l.HolderPID) {
@@ -543,10 +595,34 @@ func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.L
 		}
 		return false, nil
 	})
-	if err == nil {
-		s.keepAlive(id, clientv3.LeaseID(r.kv.Lease))
+	if err != nil {
+		return l, err
 	}
-	return l, err
+	s.mu.Lock()
+	kept := s.handles[id] != nil
+	s.mu.Unlock()
+	if kept {
+		return l, nil
+	}
+	// The lease's etcd TTL may have been counting since its last renewal:
+	// a keep-alive answered now gives the local deadline its start
+	// (docs/PROTOCOL.md §8a), before the lock is granted.
+	lid := clientv3.LeaseID(r.kv.Lease)
+	cctx, done := s.call(ctx)
+	sent := time.Now()
+	resp, err := s.cli.KeepAliveOnce(cctx, lid)
+	done()
+	switch {
+	case err == nil && resp.TTL > 0:
+		s.keepAlive(id, lid, sent, time.Duration(resp.TTL)*time.Second)
+		return l, nil
+	case err == nil || isLeaseGone(err):
+		return leasecore.Lease{}, fmt.Errorf("%w: lease %s has expired", leasecore.ErrInactive, id)
+	}
+	// Unconfirmed: the lease is ended for this store at once (and its key
+	// removed once the cluster answers).
+	s.lost(id)
+	return leasecore.Lease{}, s.unreachable(ctx, "keep-alive", s.k.live(l.Resource), err, true)
 }
 
 // RequestTakeover records req on live lease id; see

@@ -13,6 +13,11 @@
 // record under PREFIX/history/ in the same transaction, then revokes. The
 // key layout is documented on [keys] and in docs/PROTOCOL.md §8a.
 //
+// A handle lease is kept alive by the store that holds it, and ends for
+// that store at a local deadline that comes before etcd can expire it:
+// the send time of its last confirmed keep-alive plus the TTL minus a
+// margin (see [Store.keepAlive], docs/PROTOCOL.md §8a).
+//
 // Reads (Live, Load, List, ListDir, History) are linearizable etcd reads:
 // a change made through any mount is seen by the next read through every
 // other. The change feed ([Store.Watch]) follows an etcd watch of PREFIX.
@@ -111,16 +116,36 @@ type known struct {
 	// monotonic clock (docs/PROTOCOL.md §5 rule 1).
 	hb     time.Time
 	hbMono time.Duration
-	// lost: the keep-alive of this handle lease failed for longer than
-	// its TTL; the lease ended for this store (published), even if the
-	// cluster cannot yet be told.
+	// lost: no keep-alive of this handle lease was confirmed before its
+	// local deadline (see [Store.keepAlive]); the lease ended for this
+	// store (published), even if the cluster cannot yet be told.
 	lost bool
 }
 
 // handle is the keep-alive of one handle lease held by this store.
 type handle struct {
 	cancel context.CancelFunc
+	// deadline is the lease's local end (docs/PROTOCOL.md §8a): the send
+	// time of the last keep-alive (or grant) the cluster confirmed, plus
+	// the etcd lease's TTL, minus [localMargin]. It is a reading of the
+	// real monotonic clock (time.Now), not of Options.Clock: it is compared
+	// with etcd's own TTL countdown. Guarded by Store.mu; it only grows.
+	deadline time.Time
 }
+
+// localMargin is how long before the cluster could expire an etcd lease of
+// TTL ttl this store considers it ended: max(ttl/3, 500 ms), and at most
+// ttl/2. It covers the difference in clock rates between this host and the
+// etcd leader and the time to publish the end (docs/PROTOCOL.md §8a).
+func localMargin(ttl time.Duration) time.Duration {
+	return min(max(ttl/3, 500*time.Millisecond), ttl/2)
+}
+
+// keepAliveEvery is the cadence of a handle lease's keep-alives for an etcd
+// lease of TTL ttl: ttl/6, so that a healthy connection renews the local
+// deadline (ttl - localMargin after a send) several times over before it
+// is reached.
+func keepAliveEvery(ttl time.Duration) time.Duration { return ttl / 6 }
 
 // rec is a decoded lease key.
 type rec struct {
@@ -436,7 +461,9 @@ func (s *Store) remember(r *rec) {
 	}
 }
 
-// deadReason applies the liveness rules to a live lease: rule 1 on this
+// deadReason applies the liveness rules to a live lease: a handle lease
+// this store keeps alive ends at its local deadline ([Store.keepAlive]);
+// rule 1 on this
 // store's monotonic clock from when it first saw the current heartbeat
 // (the etcd lease TTL, which the cluster enforces, fires no later up to
 // clock drift: see docs/PROTOCOL.md §8a), and rules 2 and 3 only for
@@ -447,6 +474,8 @@ func (s *Store) deadReason(r *rec) string {
 	switch {
 	case k.lost:
 		return "keep-alive lost"
+	case s.handles[r.l.ID] != nil && !time.Now().Before(s.handles[r.l.ID].deadline):
+		return "keep-alive not confirmed before the local deadline"
 	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.opts.LeaseDuration:
 		return "heartbeat expired"
 	case r.l.Host != s.opts.Host:

@@ -170,6 +170,8 @@ func TestConnectivityLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	// other reaches the cluster directly, as another machine's mount.
+	other := openAt(t, srv, "/loss", opts)
 	feed := s.Watch(ctx)
 	h, err := s.Reserve(ctx, leasecore.Draft{Resource: "h", Mode: leasecore.ModeHandle, HolderUID: 1})
 	if err != nil {
@@ -189,6 +191,15 @@ func TestConnectivityLoss(t *testing.T) {
 		t.Fatalf("end of the handle lease reported as %+v (change %d), want expired", ev.Lease, ev.Change)
 	}
 	t.Logf("handle lease ended %v after the cluster went away (TTL %v)", lostAfter.Round(10*time.Millisecond), ttl)
+	// The local end comes first (docs/PROTOCOL.md §8a): the cluster still
+	// holds the lease, so no other mount can have it yet.
+	if l, err := other.Live(ctx, "h"); err != nil || l.ID != h.Lease.ID {
+		t.Errorf("Live on another mount when the cut-off store ended its handle lease = %+v, %v; want the lease still held", l, err)
+	}
+	// Reads of it through the cut-off store answer from what it knows.
+	if l, err := s.Load(ctx, h.Lease.ID); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Errorf("Load of the locally ended handle lease with the cluster gone = %+v, %v; want it abandoned", l, err)
+	}
 	// The client notices a missed keep-alive within a second of the TTL.
 	if limit := ttl + 5*time.Second; lostAfter > limit {
 		t.Errorf("the handle lease ended %v after the loss, want within TTL + margin (%v)", lostAfter, limit)

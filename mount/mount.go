@@ -62,6 +62,10 @@ type Options struct {
 	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
 	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
 	OpenStore func(ctx context.Context, log *slog.Logger) (leasecore.Store, error)
+	// StoreName names the store OpenStore opens (e.g. "etcd://HOST:PORT/PREFIX",
+	// without credentials); it is recorded with the daemon lock for
+	// "leasefs status". Empty: the file store of StateDir.
+	StoreName string
 	// AllowOther lets other users use the mount (docs/PROTOCOL.md §7).
 	AllowOther bool
 	// Logger receives the daemon's log; default slog.Default().
@@ -250,6 +254,9 @@ func Run(ctx context.Context, opts Options) error {
 	lockPath := filepath.Join(state, DaemonLockName)
 	me := daemonlock.CurrentHolder("leasefs mount " + mp)
 	me.Mountpoint = mp
+	if opts.OpenStore != nil {
+		me.Store = opts.StoreName
+	}
 	lock, err := acquireDaemonLock(ctx, lockPath, mp, me, opts, log)
 	if err != nil {
 		return err

@@ -41,6 +41,10 @@ type Holder struct {
 	// Mountpoint is where the holder serves the store, for "leasefs lock"
 	// and "leasefs status"; "" when it serves none.
 	Mountpoint string `json:"mountpoint,omitempty"`
+	// Store names the lease store the holder serves, as its --store flag
+	// gives it (e.g. "etcd://10.0.0.1:2379/leasefs"); "" for the file
+	// store of the state directory.
+	Store string `json:"store,omitempty"`
 	// StartedAt is when the holder acquired the lock (wall clock).
 	StartedAt time.Time `json:"startedAt"`
 }
