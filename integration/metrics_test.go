@@ -187,9 +187,10 @@ EOF`, "P="+filepath.Join(d.mountpoint, "w"), "S="+strconv.Itoa(sleeper.pid))
 		`leasefs_live_leases{mode="handle"}`:            0,
 		"leasefs_lock_waiters":                          0,
 		"leasefs_lock_wait_seconds_count":               1,
-		// Records written: a 4 (reserve, 2 renewals, end), q 5 (the holder's reserve,
-		// bind and end, the waiter's reserve and end), w 3 (reserve, renewal, end).
-		"leasefs_store_commit_duration_seconds_count": 12,
+		// Store calls that committed a change: a 4 (reserve, 2 renewals, end), q 4 (the
+		// holder's reserve, bind, its end — which hands the name to the waiter in the same
+		// call — and the waiter's end), w 3 (reserve, renewal, end).
+		"leasefs_store_commit_duration_seconds_count": 11,
 	})
 
 	var refusals []string
