@@ -201,5 +201,5 @@ func lockMount(flag string) (string, error) {
 			return h.Mountpoint, nil
 		}
 	}
-	return "", usageError{errors.New("cannot find the mount: pass --mount DIR or set LEASEFS_MOUNT (no daemon serves " + mount.DefaultStateDir() + ")")}
+	return "", usageError{errors.New("cannot find the leasefs mount; pass --mount DIR, or set LEASEFS_MOUNT, or LEASEFS_STATE to the state directory its daemon serves (no daemon serves " + mount.DefaultStateDir() + ")")}
 }

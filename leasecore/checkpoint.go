@@ -211,7 +211,7 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 			// A read-only store may see the tail that a serving daemon
 			// is writing: only a writable one, alone on the directory,
 			// knows it is torn.
-			s.opts.Logger.Warn("dropping the torn tail of the journal (a crash mid-write; nothing in it was acknowledged)", "path", path)
+			s.opts.Logger.Warn("dropping the torn tail of the journal: the bytes after its last valid entry (a crash mid-write leaves them, and nothing in them was acknowledged; otherwise the file was damaged)", "path", path)
 		}
 		js[i], entries[i] = j, es
 	}

@@ -62,6 +62,10 @@ const (
 	// maxEntryBytes bounds an entry's payload on replay; a longer one is
 	// corruption.
 	maxEntryBytes = maxRecordBytes + 1
+	// maxJournalRead bounds how much of a journal file replay reads: the
+	// checkpoint size plus a generous allowance for the batch that crossed
+	// it.
+	maxJournalRead = 4 * checkpointBytes
 )
 
 const (
@@ -117,7 +121,9 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 	if create {
 		flags = os.O_RDWR | os.O_CREATE
 	}
-	f, err := os.OpenFile(path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	// O_NONBLOCK: a FIFO in the journal's place must not block the open;
+	// it is refused below as not a regular file.
+	f, err := os.OpenFile(path, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
 	if err != nil {
 		if !create && errors.Is(err, os.ErrNotExist) {
 			return nil, nil, false, nil
@@ -136,7 +142,10 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 		return nil, nil, false, fmt.Errorf("leasecore: open journal: %s is not a regular file", path)
 	}
 	j.size = st.Size()
-	data, err := io.ReadAll(f)
+	// A journal never holds much more than checkpointBytes of valid
+	// entries; whatever lies beyond maxJournalRead is not read (a huge or
+	// sparse file must not stall the start or fill the memory).
+	data, err := io.ReadAll(io.LimitReader(f, maxJournalRead))
 	if err != nil {
 		f.Close()
 		return nil, nil, false, fmt.Errorf("leasecore: read journal: %w", err)

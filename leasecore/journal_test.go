@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/leasecore/clocktest"
+	"golang.org/x/sys/unix"
 )
 
 // crashImage copies the state directory of a store that is still open, as
@@ -361,4 +362,45 @@ func ids(ls []Lease) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, "\n")
+}
+
+// A journal replaced by a FIFO does not block "leasefs ls" (a read-only
+// store warns and reads the records) and is refused by the daemon's store;
+// a huge sparse journal is read only up to its bound.
+func TestJournalHostileFiles(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	g := reserve(t, s, "x")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j0 := filepath.Join(state, journalName0)
+	if err := os.Remove(j0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(j0, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true, NoDaemon: true})
+	if l, err := ro.Live(context.Background(), "x"); err != nil || l.ID != g.Lease.ID {
+		t.Errorf("read-only store with a FIFO journal: Live = %+v, %v", l, err)
+	}
+	if _, err := OpenFileStore(state, Options{Clock: clock, Logger: quietLogger, Host: "testhost"}); err == nil {
+		t.Error("a writable store opened a FIFO as its journal")
+	}
+	if err := os.Remove(j0); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(j0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(8 << 30); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	rw := openStore(t, state, Options{Clock: clock})
+	if l, err := rw.Live(context.Background(), "x"); err != nil || l.ID != g.Lease.ID {
+		t.Errorf("store with an 8 GiB sparse journal: Live = %+v, %v", l, err)
+	}
 }
