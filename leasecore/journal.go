@@ -400,17 +400,6 @@ func replay(entries []journalEntry, bad func(reason string)) replayState {
 	return r
 }
 
-// syncFS makes every change to the filesystem holding f durable
-// (syncfs(2)), retrying on EINTR.
-func syncFS(f *os.File) error {
-	for {
-		err := unix.Syncfs(int(f.Fd()))
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
 // durableSeq returns the sequence number of the last durable entry.
 func (j *journal) durableSeq() uint64 {
 	j.mu.Lock()

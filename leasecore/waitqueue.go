@@ -54,12 +54,6 @@ func (w *waiter) signal() {
 	}
 }
 
-// isHead reports whether w is first in resource's queue.
-func (q waitQueues) isHead(resource string, w *waiter) bool {
-	ws := q[resource]
-	return len(ws) > 0 && ws[0] == w
-}
-
 // count returns the number of waiters on resource.
 func (q waitQueues) count(resource string) int { return len(q[resource]) }
 
