@@ -121,6 +121,18 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 		switch {
 		case s.closed:
 			return Grant{}, ErrClosed
+		case w != nil && w.done && w.err == nil && !s.stillLive(w.grant.Lease.ID):
+			// The lease handed to this waiter ended before it woke (a
+			// holder of its uid removed the name): the grant is void. The
+			// waiter goes back to the head of the queue and gets the name
+			// as soon as it is free again.
+			w.done, w.grant = false, Grant{}
+			s.queues.pushFront(d.Resource, w)
+			s.disk.publishWaiters(s.queues.counts())
+			s.handOff(d.Resource)
+			if w.done {
+				continue
+			}
 		case w != nil && w.done:
 			if ctx.Err() != nil && w.err == nil {
 				// Granted while the caller gave up: nobody will use the
@@ -151,6 +163,13 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 			return Grant{}, ctx.Err()
 		}
 	}
+}
+
+// stillLive reports whether lease id is the live lease of its resource.
+// The caller holds mu.
+func (s *store) stillLive(id string) bool {
+	e := s.leases[id]
+	return e != nil && e.lease.Status == StatusActive && s.live[e.lease.Resource] == e
 }
 
 // checkDraft validates d and fills its default mode.

@@ -28,6 +28,11 @@ func (q waitQueues) enqueue(resource string, d Draft) *waiter {
 	return w
 }
 
+// pushFront puts w first in resource's queue.
+func (q waitQueues) pushFront(resource string, w *waiter) {
+	q[resource] = append([]*waiter{w}, q[resource]...)
+}
+
 // head returns the first waiter of resource, nil if none.
 func (q waitQueues) head(resource string) *waiter {
 	if ws := q[resource]; len(ws) > 0 {

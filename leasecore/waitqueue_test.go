@@ -93,3 +93,50 @@ func TestCancelledWaiterPassesTheName(t *testing.T) {
 		t.Errorf("the name went to pid %d, want 102", g.Lease.HolderPID)
 	}
 }
+
+// A lease handed to a waiter that ends before the waiter wakes (a holder
+// of the uid removed the name in between) is not returned: the waiter
+// gets a live lease, here a new one once the name is free again.
+func TestVoidHandOffIsNotReturned(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	holder := reserve(t, s, "x")
+	got := make(chan Grant, 1)
+	go func() {
+		g, err := s.Acquire(ctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 101, Mode: ModeHandle})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	waitFor(t, "the waiter queued", func() bool {
+		l, err := s.Live(ctx, "x")
+		return err == nil && l.Waiters == 1
+	})
+	// End the holder (handing the name to the waiter) and, before the
+	// waiter can run, end the lease it was handed.
+	s.mu.Lock()
+	if err := s.endLocked(s.leases[holder.Lease.ID], s.leases[holder.Lease.ID].lease, StatusComplete, ChangeReleased, "test", false); err != nil {
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
+	handed := s.live["x"]
+	if handed == nil || handed.lease.HolderPID != 101 {
+		s.mu.Unlock()
+		t.Fatalf("the end did not hand the name to the waiter: %+v", handed)
+	}
+	if err := s.endLocked(handed, handed.lease, StatusComplete, ChangeReleased, "removed by another process of the uid", false); err != nil {
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
+	voided := handed.lease.ID
+	s.mu.Unlock()
+	g := <-got
+	if g.Lease.ID == voided {
+		t.Fatalf("the waiter got the lease that had ended: %s", voided)
+	}
+	if l, err := s.Live(ctx, "x"); err != nil || l.ID != g.Lease.ID {
+		t.Errorf("Live(x) = %+v, %v; want the waiter's lease %s", l, err, g.Lease.ID)
+	}
+}
