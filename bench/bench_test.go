@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/mount"
 )
 
 // TestMain lets the test binary play the helper roles the command
@@ -86,8 +88,8 @@ func TestQuickSmoke(t *testing.T) {
 // benchMounts counts the mounts inside temporary directories of the command.
 func benchMounts() int {
 	n := 0
-	for _, m := range mounts() {
-		if strings.Contains(m.point, "/leasefs-bench-") {
+	for _, m := range mount.Mounts() {
+		if strings.Contains(m.Point, "/leasefs-bench-") {
 			n++
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,65 +138,13 @@ func detach(mp string) {
 	}
 }
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	dev, point, fstype, source string
-}
-
-// mounts reads /proc/self/mountinfo (proc(5)); nil when unreadable.
-func mounts() []mountEntry {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []mountEntry
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		sep := -1
-		for i, s := range f {
-			if s == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(f) < 5 || sep < 0 || sep+2 >= len(f) {
-			continue
-		}
-		out = append(out, mountEntry{dev: f[2], point: unescapeMount(f[4]), fstype: f[sep+1], source: f[sep+2]})
-	}
-	return out
-}
-
-// unescapeMount undoes the octal escapes of mountinfo paths.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // abortConnection aborts the FUSE connection mounted on mp through
 // /sys/fs/fuse/connections/<minor>/abort, for a server that no longer
 // answers.
 func abortConnection(mp string) {
-	for _, m := range mounts() {
-		if m.point != mp {
-			continue
-		}
-		if _, minor, ok := strings.Cut(m.dev, ":"); ok {
-			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", minor, "abort"), []byte("1"), 0o200)
+	for _, m := range mount.Mounts() {
+		if m.Point == mp && m.Minor != "" {
+			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", m.Minor, "abort"), []byte("1"), 0o200)
 		}
 	}
 }

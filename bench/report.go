@@ -13,6 +13,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/leasefs/leasefs/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -206,16 +207,11 @@ func tempFS(dir string) string {
 	if err != nil {
 		real = dir
 	}
-	best := mountEntry{}
-	for _, m := range mounts() {
-		if (real == m.point || strings.HasPrefix(real, strings.TrimSuffix(m.point, "/")+"/")) && len(m.point) >= len(best.point) {
-			best = m
-		}
-	}
-	if best.point == "" {
+	best, ok := mount.ContainingMount(mount.Mounts(), real)
+	if !ok {
 		return "unknown"
 	}
-	return fmt.Sprintf("%s (%s on %s, temp dir %s)", best.fstype, best.source, best.point, filepath.Dir(real))
+	return fmt.Sprintf("%s (%s on %s, temp dir %s)", best.FSType, best.Source, best.Point, filepath.Dir(real))
 }
 
 // text is the table and the targets, as printed on stdout.

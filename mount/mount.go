@@ -212,7 +212,7 @@ func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
 	if nested(state, mp) {
 		return "", "", fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
 	}
-	if m, ok := containingMount(Mounts(), state); ok && m.FSType == fsType {
+	if m, ok := ContainingMount(Mounts(), state); ok && m.FSType == fsType {
 		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
 	}
 	if err := checkMountpoint(mp); err != nil {

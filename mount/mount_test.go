@@ -85,10 +85,10 @@ func TestUnescapeOctal(t *testing.T) {
 }
 
 func TestContainingMount(t *testing.T) {
-	mounts := []MountInfo{{"/", "ext4", "1"}, {"/mnt", "tmpfs", "2"}, {"/mnt/l", "fuse.leasefs", "3"}, {"/mnt", "ext4", "4"}}
+	mounts := []MountInfo{{"/", "ext4", "1", ""}, {"/mnt", "tmpfs", "2", ""}, {"/mnt/l", "fuse.leasefs", "3", ""}, {"/mnt", "ext4", "4", ""}}
 	for path, want := range map[string]string{"/mnt/l/state": "fuse.leasefs", "/mnt/x": "ext4", "/srv": "ext4", "/mnt/l": "fuse.leasefs"} {
-		if m, ok := containingMount(mounts, path); !ok || m.FSType != want {
-			t.Errorf("containingMount(%q) = %+v, %v; want %s", path, m, ok, want)
+		if m, ok := ContainingMount(mounts, path); !ok || m.FSType != want {
+			t.Errorf("ContainingMount(%q) = %+v, %v; want %s", path, m, ok, want)
 		}
 	}
 	if len(Mounts()) == 0 {

@@ -16,6 +16,7 @@ type MountInfo struct {
 	Point  string // mount point, unescaped
 	FSType string // e.g. "fuse.leasefs", "ext4"
 	Minor  string // device minor number; names a FUSE connection in fusectl
+	Source string // mount source, e.g. "/dev/vda"; a leasefs mount's is its state directory
 }
 
 // Mounts parses /proc/self/mountinfo, in mount order (a later entry on the
@@ -44,7 +45,11 @@ func Mounts() []MountInfo {
 			continue
 		}
 		_, minor, _ := strings.Cut(fields[2], ":")
-		out = append(out, MountInfo{Point: unescapeOctal(fields[4]), FSType: fields[sep+1], Minor: minor})
+		m := MountInfo{Point: unescapeOctal(fields[4]), FSType: fields[sep+1], Minor: minor}
+		if sep+2 < len(fields) {
+			m.Source = unescapeOctal(fields[sep+2])
+		}
+		out = append(out, m)
 	}
 	return out
 }
@@ -77,9 +82,10 @@ func mountedAt(mounts []MountInfo, path string) (MountInfo, bool) {
 	return found, ok
 }
 
-// containingMount returns the mount that holds path: the one with the
-// longest mount point that is path or one of its ancestors.
-func containingMount(mounts []MountInfo, path string) (MountInfo, bool) {
+// ContainingMount returns the mount of mounts that holds path: the topmost
+// mount on the longest mount point that is path or one of its ancestors;
+// false when none is (path is cleaned, not resolved). Safe for concurrent use.
+func ContainingMount(mounts []MountInfo, path string) (MountInfo, bool) {
 	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
 		if m, ok := mountedAt(mounts, p); ok {
 			return m, true
