@@ -226,16 +226,13 @@ func entryChecksum(epoch uint64, payload []byte) uint32 {
 func (j *journal) append(kind byte, body []byte) uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var h [entryHeader]byte
-	binary.LittleEndian.PutUint32(h[:], uint32(len(body)+1))
-	var e [8]byte
-	binary.LittleEndian.PutUint64(e[:], j.epoch)
-	sum := crc32.Update(crc32.Checksum(e[:], castagnoli), castagnoli, []byte{kind})
-	sum = crc32.Update(sum, castagnoli, body)
-	binary.LittleEndian.PutUint32(h[4:], sum)
-	j.buf = append(j.buf, h[:]...)
+	start := len(j.buf)
+	j.buf = append(j.buf, make([]byte, entryHeader)...)
 	j.buf = append(j.buf, kind)
 	j.buf = append(j.buf, body...)
+	payload := j.buf[start+entryHeader:]
+	binary.LittleEndian.PutUint32(j.buf[start:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(j.buf[start+4:], entryChecksum(j.epoch, payload))
 	j.appended++
 	return j.appended
 }
