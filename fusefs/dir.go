@@ -115,8 +115,13 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return d.childDir(ctx, ns, out), 0
 	}
 	l, err := d.fsys.store.Live(ctx, resource)
-	if err != nil {
-		return nil, toErrno(err)
+	switch {
+	case errors.Is(err, leasecore.ErrNotFound):
+		return nil, syscall.ENOENT
+	case err != nil:
+		// Not a missing name: the store failed (a commit, a cluster
+		// call), which the caller sees as this errno and the log names.
+		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
 	return d.childLease(ctx, l, out), 0
 }
