@@ -183,6 +183,20 @@ func TestReliabilityCheckerCatchesViolations(t *testing.T) {
 			rules: []string{"unexpected result"},
 		},
 		{
+			name: "EIO from the kernel as the killed daemon died",
+			build: func(s *synthetic) {
+				s.op(0, "acq", "a", "ofd", "-", 0, 495, 510, "EIO") // crash at 500
+				s.op(1, "acq", "a", "flock", "L2", 2, 700, 710, "ok")
+			},
+		},
+		{
+			name: "EIO long after the killed daemon died",
+			build: func(s *synthetic) {
+				s.op(0, "acq", "a", "ofd", "-", 0, 2000, 2010, "EIO") // crash at 500
+			},
+			rules: []string{"unexpected result"},
+		},
+		{
 			name: "pending operations are not judged",
 			build: func(s *synthetic) {
 				s.op(0, "acq", "a", "token", "L1", 1, 0, 10, "ok")

@@ -342,8 +342,10 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 	r := h.check(logDir)
 	reportMutualExclusion(t, "mutual exclusion under daemon crashes", f, h, r)
 	if t.Failed() {
-		// The daemons' own account of the refusals a client did not expect.
+		// The daemons' own account of the refusals a client did not expect;
+		// their whole logs are kept beside the clients'.
 		for i, s := range stderrs {
+			_ = os.WriteFile(filepath.Join(logDir, fmt.Sprintf("daemon-%02d.log", i)), []byte(s), 0o644)
 			for _, line := range strings.Split(s, "\n") {
 				if strings.Contains(line, "errno=EIO") || strings.Contains(line, "level=ERROR") {
 					t.Logf("daemon %d: %s", i, line)
