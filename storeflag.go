@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -118,7 +119,7 @@ func (sf *storeFlags) options() (etcdstore.Options, error) {
 // the daemon serving state: its daemon identity is the host and the
 // absolute state directory, so that a restarted daemon ends only the
 // handle leases it left (docs/PROTOCOL.md §8a).
-func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger) (leasecore.Store, error), error) {
+func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error), error) {
 	eo, err := sf.options()
 	if err != nil {
 		return nil, err
@@ -127,10 +128,10 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(conte
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, log *slog.Logger) (leasecore.Store, error) {
+	return func(ctx context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error) {
 		o := eo
 		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
-		o.Logger = log
+		o.Logger, o.OnCommit = log, onCommit
 		o.Host = leasecore.Hostname()
 		o.DaemonID = o.Host + ":" + state
 		s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)

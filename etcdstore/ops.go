@@ -142,6 +142,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		}
 		then = append(then, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithCountOnly()))
 		cctx, done = s.call(ctx)
+		start := time.Now()
 		tresp, err := s.cli.Txn(cctx).If(conds...).Then(then...).Commit()
 		done()
 		if err != nil {
@@ -158,6 +159,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			}
 			continue
 		}
+		s.committed(start)
 		// The generation is the revision of this transaction.
 		l.Generation = uint64(tresp.Header.Revision)
 		r := &rec{l: l, hash: hash, kv: nil}
@@ -263,6 +265,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	l.ExpiresAt, l.Waiters = time.Time{}, 0
 	cctx, done := s.call(ctx)
+	start := time.Now()
 	resp, err := s.cli.Txn(cctx).
 		If(clientv3.Compare(clientv3.ModRevision(s.k.live(r.l.Resource)), "=", r.kv.ModRevision)).
 		Then(
@@ -279,6 +282,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 	if !resp.Succeeded {
 		return leasecore.Lease{}, errRaced
 	}
+	s.committed(start)
 	s.stopKeepAlive(r.l.ID)
 	s.revoke(clientv3.LeaseID(r.kv.Lease))
 	s.mu.Lock()
@@ -505,6 +509,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 			return ended, r, nil
 		}
 		cctx, done := s.call(ctx)
+		start := time.Now()
 		resp, err := s.cli.Txn(cctx).
 			If(clientv3.Compare(clientv3.ModRevision(s.k.live(r.l.Resource)), "=", r.kv.ModRevision)).
 			Then(clientv3.OpPut(s.k.live(r.l.Resource), s.encode(l, r.hash, what), clientv3.WithLease(clientv3.LeaseID(r.kv.Lease)))).
@@ -520,6 +525,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 		if !resp.Succeeded {
 			continue
 		}
+		s.committed(start)
 		nr := &rec{l: l, hash: r.hash, kv: r.kv}
 		s.mu.Lock()
 		s.remember(nr)
@@ -865,6 +871,7 @@ func (s *Store) Mkdir(ctx context.Context, path string, uid, gid uint32) (leasec
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.k.ns(parent)), ">", 0))
 		}
 		cctx, done = s.call(ctx)
+		start := time.Now()
 		tresp, err := s.cli.Txn(cctx).If(conds...).Then(
 			clientv3.OpPut(s.k.ns(path), string(v)),
 			clientv3.OpPut(s.k.nsOwner(uid, path), ""),
@@ -874,6 +881,7 @@ func (s *Store) Mkdir(ctx context.Context, path string, uid, gid uint32) (leasec
 			return leasecore.Namespace{}, s.unreachable(ctx, "mkdir", s.k.ns(path), err, true)
 		}
 		if tresp.Succeeded {
+			s.committed(start)
 			return ns, nil
 		}
 	}
@@ -931,6 +939,7 @@ func (s *Store) Rmdir(ctx context.Context, path string) error {
 		}
 		owner := decodeNS(path, nsKVs[0].Value).UID
 		cctx, done = s.call(ctx)
+		start := time.Now()
 		tresp, err := s.cli.Txn(cctx).If(
 			clientv3.Compare(clientv3.ModRevision(s.k.ns(path)), "=", nsKVs[0].ModRevision),
 			clientv3.Compare(clientv3.CreateRevision(s.k.nsPrefix(path)), "=", 0).WithPrefix(),
@@ -941,8 +950,18 @@ func (s *Store) Rmdir(ctx context.Context, path string) error {
 			return s.unreachable(ctx, "rmdir", s.k.ns(path), err, true)
 		}
 		if tresp.Succeeded {
+			s.committed(start)
 			return nil
 		}
 	}
 	return s.tooBusy(s.k.ns(path))
+}
+
+// committed reports one change that the cluster made durable to
+// Options.OnCommit: start is when the transaction that made it was sent
+// (etcd answers a write once its WAL entry is synced on a quorum).
+func (s *Store) committed(start time.Time) {
+	if s.opts.OnCommit != nil {
+		s.opts.OnCommit(time.Since(start))
+	}
 }

@@ -57,8 +57,9 @@ type Options struct {
 	// Options are the store options shared with the file store:
 	// LeaseDuration (also the TTL of the etcd lease of every lease,
 	// rounded up to whole seconds), HistoryKeep, MaxLeasesPerUID,
-	// ReapInterval, Clock, Host, ReadOnly and Logger. NoDaemon and
-	// OnCommit are ignored.
+	// ReapInterval, Clock, Host, ReadOnly, Logger and OnCommit (called
+	// once for every call whose transaction changed the cluster, with
+	// that transaction's round trip). NoDaemon is ignored.
 	leasecore.Options
 	// DaemonID names this daemon among the daemons of its host (default
 	// the host): a store that opens ends the handle leases left by a

@@ -342,3 +342,55 @@ func TestExpiryIsTheClusters(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// OnCommit is called once for every call whose transaction changed the
+// cluster — reserve, renew, release, mkdir, rmdir — and never for reads or
+// refusals.
+func TestOnCommitCountsChanges(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var commits atomic.Int64
+	s := openAt(t, srv, "/commits", etcdstore.Options{Options: leasecore.Options{
+		OnCommit: func(d time.Duration) {
+			if d < 0 {
+				t.Errorf("OnCommit(%v): negative", d)
+			}
+			commits.Add(1)
+		}}})
+	step := func(what string, want int64) {
+		t.Helper()
+		if got := commits.Load(); got != want {
+			t.Errorf("after %s: %d commits, want %d", what, got, want)
+		}
+	}
+	g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step("reserve", 1)
+	if _, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1001}); !errors.Is(err, leasecore.ErrHeld) {
+		t.Fatalf("second Reserve = %v, want ErrHeld", err)
+	}
+	if _, err := s.Live(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, g.Lease.ID, "hwl_wrong", nil); !errors.Is(err, leasecore.ErrTokenMismatch) {
+		t.Fatalf("Renew with a wrong token = %v, want ErrTokenMismatch", err)
+	}
+	step("a refused reserve, a read and a refused renew", 1)
+	if _, err := s.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
+		t.Fatal(err)
+	}
+	step("renew", 2)
+	if _, err := s.Release(ctx, g.Lease.ID, g.Token, leasecore.StatusComplete, nil); err != nil {
+		t.Fatal(err)
+	}
+	step("release", 3)
+	if _, err := s.Mkdir(ctx, "ns", 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rmdir(ctx, "ns"); err != nil {
+		t.Fatal(err)
+	}
+	step("mkdir and rmdir", 5)
+}

@@ -55,13 +55,15 @@ type Options struct {
 	HistoryKeep     int
 	MaxLeasesPerUID int
 	// OpenStore opens the lease store that the mount serves. Run calls it
-	// once, with its context and logger, after it has taken the daemon lock
+	// once, with its context, its logger and the hook that the store calls
+	// with the time each committed change took to become durable (nil
+	// without --metrics-addr; leasecore.Options.OnCommit), after it has taken the daemon lock
 	// of StateDir and checked the mountpoint, and before it mounts; an error
 	// makes Run return it, wrapped, without mounting. Run closes the store
 	// before it releases the daemon lock, whether it mounted or not. When
 	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
 	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
-	OpenStore func(ctx context.Context, log *slog.Logger) (leasecore.Store, error)
+	OpenStore func(ctx context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error)
 	// StoreName names the store OpenStore opens (e.g. "etcd://HOST:PORT/PREFIX",
 	// without credentials); it is recorded with the daemon lock for
 	// "leasefs status". Empty: the file store of StateDir.
@@ -291,9 +293,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	openStore, where := opts.OpenStore, ""
 	if openStore == nil {
-		openStore, where = fileStoreOpener(state, opts, mtr.onCommit()), " in "+state
+		openStore, where = fileStoreOpener(state, opts), " in "+state
 	}
-	store, err := openStore(ctx, log)
+	store, err := openStore(ctx, log, mtr.onCommit())
 	if err != nil {
 		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)
 	}
@@ -420,8 +422,8 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 // fileStoreOpener is the default [Options.OpenStore]: the embedded file
 // store in the state directory state, reporting its commits to onCommit
 // when set.
-func fileStoreOpener(state string, opts Options, onCommit func(time.Duration)) func(context.Context, *slog.Logger) (leasecore.Store, error) {
-	return func(_ context.Context, log *slog.Logger) (leasecore.Store, error) {
+func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
+	return func(_ context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error) {
 		s, err := leasecore.OpenFileStore(state, leasecore.Options{
 			LeaseDuration:   opts.LeaseDuration,
 			HistoryKeep:     opts.HistoryKeep,

@@ -54,7 +54,7 @@ func TestRunOpenStoreError(t *testing.T) {
 		Logger:     log,
 		OnReady:    func() { t.Error("OnReady called, but Run did not mount") },
 		OnStopping: func() { t.Error("OnStopping called, but Run did not mount") },
-		OpenStore: func(octx context.Context, olog *slog.Logger) (leasecore.Store, error) {
+		OpenStore: func(octx context.Context, olog *slog.Logger, _ func(time.Duration)) (leasecore.Store, error) {
 			calls++
 			if octx.Value(ctxKey{}) != "run" {
 				t.Error("the opener did not get Run's context")
@@ -98,7 +98,7 @@ func TestRunOpenStoreNil(t *testing.T) {
 		Mountpoint: t.TempDir(),
 		StateDir:   t.TempDir(),
 		Logger:     slog.New(slog.DiscardHandler),
-		OpenStore:  func(context.Context, *slog.Logger) (leasecore.Store, error) { return nil, nil },
+		OpenStore:  func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) { return nil, nil },
 	})
 	if err == nil {
 		t.Fatal("Run with an opener returning no store succeeded")
@@ -208,7 +208,7 @@ func TestRunServesOpenedStore(t *testing.T) {
 			StateDir:      state,
 			LeaseDuration: 7 * time.Second,
 			Logger:        slog.New(h),
-			OpenStore: func(context.Context, *slog.Logger) (leasecore.Store, error) {
+			OpenStore: func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
 				return store, nil
 			},
 		})
