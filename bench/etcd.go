@@ -27,14 +27,14 @@ func freePort() (int, error) {
 // startEtcd starts a one-member etcd in this process on loopback ports with
 // its data directory (WAL fsync on, the default) in the temporary
 // directory, and returns a client of it.
-func (b *bench) startEtcd() (*clientv3.Client, error) {
+func (b *bench) startEtcd() (*clientv3.Client, string, error) {
 	cport, err := freePort()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	pport, err := freePort()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cfg := embed.NewConfig()
 	cfg.Name = "bench"
@@ -48,33 +48,34 @@ func (b *bench) startEtcd() (*clientv3.Client, error) {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("start etcd: %w", err)
+		return nil, "", fmt.Errorf("start etcd: %w", err)
 	}
 	b.onClose(e.Close)
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(60 * time.Second):
-		return nil, fmt.Errorf("etcd not ready after 60s")
+		return nil, "", fmt.Errorf("etcd not ready after 60s")
 	case <-b.ctx.Done():
-		return nil, b.ctx.Err()
+		return nil, "", b.ctx.Err()
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{curl.Host}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	b.onClose(func() { _ = cli.Close() })
-	return cli, nil
+	return cli, curl.Host, nil
 }
 
 // etcdRows runs rows 5d (concurrency.Mutex Lock+Unlock on the client's own
 // key, against 1a) and 5s (one key shared by every client, against 1d).
 // Every client has its own session (one etcd lease, TTL 60 s).
 func (b *bench) etcdRows() error {
-	if !b.wantAny(map[string]string{"5d": nameEtcdD, "5s": nameEtcdS}) {
+	mountIDs := map[string]string{"9a": nameEtcdLease, "9b": nameEtcdRenew, "9c": nameEtcdHandle, "9d": nameEtcdQueue}
+	if !b.wantAny(map[string]string{"5d": nameEtcdD, "5s": nameEtcdS}) && !b.wantAny(mountIDs) {
 		return nil
 	}
 	b.logf("starting embedded etcd")
-	cli, err := b.startEtcd()
+	cli, endpoint, err := b.startEtcd()
 	if err != nil {
 		return err
 	}
@@ -103,5 +104,27 @@ func (b *bench) etcdRows() error {
 	if err := b.cellRow("5d", nameEtcdD, mutex(false)); err != nil {
 		return err
 	}
-	return b.cellRow("5s", nameEtcdS, mutex(true))
+	if err := b.cellRow("5s", nameEtcdS, mutex(true)); err != nil {
+		return err
+	}
+	if !b.wantAny(mountIDs) {
+		return nil
+	}
+	mp := filepath.Join(b.tmp, "mnt-etcd")
+	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state-etcd"), mp, "--store", "etcd://"+endpoint+"/bench-leasefs")
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	b.logf("leasefs on the etcd store mounted on %s (pid %d)", mp, d.pid)
+	if err := b.cellRow("9a", nameEtcdLease, leaseCycle(mp, "lease")); err != nil {
+		return err
+	}
+	if err := b.cellRow("9b", nameEtcdRenew, renewCycle(mp)); err != nil {
+		return err
+	}
+	if err := b.cellRow("9c", nameEtcdHandle, handleCycle(mp, "handle")); err != nil {
+		return err
+	}
+	return b.queueRow("9d", nameEtcdQueue, mp)
 }

@@ -25,6 +25,7 @@ type target struct {
 	goal    float64
 	atMost  bool // PASS when value ≤ goal, else when value ≥ goal
 	bound   bool // value is a lower bound (the step was stopped)
+	info    bool // a comparison without a goal
 	missing string
 }
 
@@ -32,6 +33,8 @@ func (t target) verdict() string {
 	switch {
 	case t.missing != "":
 		return "n/a"
+	case t.info:
+		return "-"
 	case t.atMost && t.value <= t.goal, !t.atMost && t.value >= t.goal:
 		return "PASS"
 	default:
@@ -53,12 +56,15 @@ func (t target) line() string {
 	if t.atMost {
 		cmp = "≤"
 	}
-	goal := fmt.Sprintf("%s %g%s", cmp, t.goal, t.unit)
+	goal := fmt.Sprintf("target %s %g%s", cmp, t.goal, t.unit)
+	if t.info {
+		goal = "no target"
+	}
 	if t.missing != "" {
-		return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, "not run", goal) + ": " + t.missing
+		return fmt.Sprintf("%-4s  %-70s  %-12s (%s)", t.verdict(), t.what, "not run", goal) + ": " + t.missing
 	}
 	val := t.valueText()
-	return fmt.Sprintf("%-4s  %-70s  %-12s (target %s)", t.verdict(), t.what, val, goal)
+	return fmt.Sprintf("%-4s  %-70s  %-12s (%s)", t.verdict(), t.what, val, goal)
 }
 
 // report is the finished run.
@@ -92,6 +98,14 @@ func (b *bench) ratio(what, numID string, numN int, denID string, denN int, goal
 	return t
 }
 
+// compare builds a ratio of two cells that has no goal: how the etcd
+// store compares with the file store and with etcd's own Mutex.
+func (b *bench) compare(what, numID string, numN int, denID string, denN int) target {
+	t := b.ratio(what, numID, numN, denID, denN, 0)
+	t.info = true
+	return t
+}
+
 // extra builds a target from a named measurement.
 func (b *bench) extra(what, key string, scale float64, unit string, goal float64, atMost bool) target {
 	t := target{what: what, unit: unit, goal: goal, atMost: atMost}
@@ -118,6 +132,10 @@ func (b *bench) targets() []target {
 		b.extra("100k leases: daemon RSS after start", "7.rss.100000", 1.0/(1<<20), " MiB", 100, true),
 		b.extra("100k leases: readdir of the mount root", "7.readdir.100000", 1, " s", 0.5, true),
 		b.extra("100k leases: leasefs ls (daemon running)", "7.ls.100000", 1, " s", 1, true),
+		b.compare("lease cycle, 1 client: leasefs on etcd (9a) / on the file store (1a)", "9a", 1, "1a", 1),
+		b.compare("lease cycle, 16 clients: leasefs on etcd (9a) / etcd distinct-key Mutex (5d)", "9a", 16, "5d", 16),
+		b.compare("handle-lease cycle, 1 client: leasefs on etcd (9c) / on the file store (1c)", "9c", 1, "1c", 1),
+		b.compare("one name, 16 clients: leasefs on etcd (9d) / etcd shared-key Mutex (5s)", "9d", 16, "5s", 16),
 	}
 	for i := range ts {
 		if strings.HasPrefix(ts[i].what, "100k leases: leasefs ls") && b.extras["7.lsstopped.100000"] == 1 {
@@ -313,6 +331,7 @@ const rowsDoc = `
 - **5d, 5s** embedded etcd (one member, WAL fsync on), concurrency.Mutex Lock + Unlock per cycle, one session per client, on the client's own key (5d, compare with 1a) or on one shared key (5s, compare with 1d).
 - **6a, 6e** a private redis-server with appendonly yes and appendfsync always (6a) or everysec (6e): SET key val NX PX 30000 + DEL of the client's own key.
 - **7** N live token leases planted as records in a fresh state directory (the daemon's own record shape, §4.3), served with --lease-duration 1000h: start is spawn until statfs of the mountpoint answers as FUSE, RSS is VmRSS right after, readdir lists every name through the mount, ls is ` + "`leasefs ls --state`" + ` with the daemon running; p50/p99 are of open(O_CREAT|O_EXCL) alone among them. readdir and ls are stopped after 20 s (shown as "> 20s (stopped)" and counted as 20 s), so a slow listing cannot stretch the run.
+- **9a–9d** the cycles of 1a–1d through a mount of the same daemon on the etcd store (` + "`--store etcd://…`" + `, §8a) of the embedded etcd of 5d/5s: what the cluster round trips cost against the file store and against etcd's own Mutex.
 - **8** a holder process flocks one name, a successor blocks in flock on it (seen in user.lease.waiters), the holder is SIGKILLed: the time until the successor's flock returns.
 `
 
@@ -325,6 +344,7 @@ var series = []struct {
 	{"1c", "leasefs handle-lease cycle (1c)", "#17becf", false},
 	{"3a", "go-fuse in-memory ceiling (3a)", "#7f7f7f", true},
 	{"5d", "etcd Mutex, distinct keys (5d)", "#2ca02c", false},
+	{"9a", "leasefs on etcd, lease cycle (9a)", "#9467bd", false},
 	{"6a", "Redis appendfsync always (6a)", "#d62728", false},
 	{"6e", "Redis appendfsync everysec (6e)", "#ff7f0e", true},
 }
