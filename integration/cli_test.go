@@ -71,6 +71,7 @@ func TestUnprivilegedMountExplained(t *testing.T) {
 // TestLsPermissionDenied runs `leasefs ls` as uid 65534 on root's state directory (0700): the
 // message says which store could not be read and why, without internal package names.
 func TestLsPermissionDenied(t *testing.T) {
+	fileStoreOnly(t, "the permissions of the state directory decide who may list")
 	t.Parallel()
 	requireFUSE(t)
 	setpriv := requireTool(t, "setpriv")

@@ -36,6 +36,7 @@ func runClient(t testing.TB, env []string, argv ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
 	defer cancel()
+	argv = withStore(argv)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), env...)
@@ -319,6 +320,7 @@ type bgProc struct {
 // directory / and its own process group.
 func startProc(t testing.TB, env []string, argv ...string) *bgProc {
 	t.Helper()
+	argv = withStore(argv)
 	p := &bgProc{t: t, argv: argv, stdout: newWatchBuffer(), stderr: newWatchBuffer(), exited: make(chan struct{})}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
 	p.cmd.Dir = "/"

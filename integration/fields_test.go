@@ -85,6 +85,7 @@ func TestListJSONMatchesStatusDocument(t *testing.T) {
 // Annotations written with action = "complete" or "abandon" reach the
 // ended record and `history --json`.
 func TestAnnotationsOnRelease(t *testing.T) {
+	fileStoreOnly(t, "it reads the TOML record files")
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	for _, action := range []string{"complete", "abandon"} {
@@ -111,6 +112,7 @@ func TestAnnotationsOnRelease(t *testing.T) {
 // A lease reserved without a pid has no pid in its record: the reference
 // store would read pid = 0 as a recorded process.
 func TestRecordOmitsUnsetPID(t *testing.T) {
+	fileStoreOnly(t, "it reads the TOML record files")
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	p := filepath.Join(d.mountpoint, "nopid")

@@ -749,13 +749,13 @@ out("done", "1")
 	}
 }
 
-// TestHandleLeaseNeverExpires runs a daemon with a 1 s lease duration and checks, against a
+// TestHandleLeaseNeverExpires runs a daemon with a 2 s lease duration and checks, against a
 // token lease reserved after them as the clock, that handle leases (one reserved by
 // flock, one a token lease bound by presenting its token) outlive the duration, and that a
 // flock waiter blocked on the expiring token lease is granted the name when it expires.
 func TestHandleLeaseNeverExpires(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonOpts{leaseDuration: time.Second})
+	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second})
 	clock := filepath.Join(d.mountpoint, "clock")
 	bound := filepath.Join(d.mountpoint, "bound")
 	tok := reserve(t, bound)

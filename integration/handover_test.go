@@ -35,7 +35,8 @@ func runFailingMount(t *testing.T, timeout time.Duration, mp string, args ...str
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, leasefsBin, args...)
+	argv := withStore(append([]string{leasefsBin}, args...))
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = "/"
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second

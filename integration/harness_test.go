@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,12 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "integration: go build in %s: %v\n%s", root, err, out)
 		return 1
 	}
+	stopStore, err := startTestStore(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	defer stopStore()
 	start := time.Now()
 	code := m.Run()
 	if err := writeReport(code == 0, time.Since(start)); err != nil {
@@ -237,6 +244,9 @@ func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 		args = append(args, "--metrics-addr", opts.metricsAddr)
 	}
 	args = append(args, opts.extraArgs...)
+	if !slices.Contains(opts.extraArgs, "--store") {
+		args = append(args, storeArgs(state)...)
+	}
 	args = append(args, mp)
 
 	d := &daemon{t: t, mountpoint: mp, state: state, errBuf: newLogBuffer(mountedRE), exited: make(chan struct{})}

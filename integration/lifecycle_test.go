@@ -203,7 +203,8 @@ func TestSecondDaemonRefused(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, leasefsBin, "mount", "--state", d1.state, mp2)
+	argv := withStore([]string{leasefsBin, "mount", "--state", d1.state, mp2})
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second
 	var stderr strings.Builder

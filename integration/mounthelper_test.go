@@ -240,6 +240,7 @@ func checkHelperMount(t *testing.T, state, mp string) {
 // `mount -t fuse.leasefs STATE MOUNTPOINT -o OPTIONS` returns once the mount
 // answers, leaving the daemon in the background; umount ends it.
 func TestMountHelperMountCommand(t *testing.T) {
+	fileStoreOnly(t, "the mount helper mounts the file store of its state= option")
 	t.Parallel()
 	requireHelperTools(t)
 	state := filepath.Join(t.TempDir(), "state")
@@ -256,6 +257,7 @@ func TestMountHelperMountCommand(t *testing.T) {
 // from an fstab of the test's, `mount -T FILE`), and `mount -a` then sees it
 // mounted instead of starting a second daemon.
 func TestFstabMount(t *testing.T) {
+	fileStoreOnly(t, "the mount helper mounts the file store of its state= option")
 	t.Parallel()
 	requireHelperTools(t)
 	state := filepath.Join(t.TempDir(), "state")

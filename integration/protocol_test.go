@@ -192,6 +192,7 @@ out("xattrs", b"".join(os.getxattr(p, n) for n in os.listxattr(p)))
 // TestTokenNeverStored checks that no token seen by a client appears in any file under the
 // state directory or in the daemon's log, and that records are private.
 func TestTokenNeverStored(t *testing.T) {
+	fileStoreOnly(t, "it reads the state directory's files for tokens")
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	var toks []string

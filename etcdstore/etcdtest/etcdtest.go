@@ -4,6 +4,8 @@
 package etcdtest
 
 import (
+	"errors"
+	"fmt"
 	"net/url"
 	"sync"
 	"testing"
@@ -32,8 +34,26 @@ func Start(t testing.TB) *Server {
 
 func start(t testing.TB, tlsFiles *TLSFiles) *Server {
 	t.Helper()
+	s, err := launch(t.TempDir(), tlsFiles)
+	if err != nil {
+		t.Fatalf("etcdtest: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// StartShared starts an etcd member like [Start] with its data in dir, for
+// a server that outlives single tests (one per test binary, started from
+// TestMain); the caller must call Stop. Errors: the server could not start
+// or did not serve within 30 s.
+func StartShared(dir string) (*Server, error) {
+	return launch(dir, nil)
+}
+
+// launch starts a member with its data in dir and waits until it serves.
+func launch(dir string, tlsFiles *TLSFiles) (*Server, error) {
 	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
+	cfg.Dir = dir
 	cfg.Logger = "zap"
 	cfg.LogLevel = "fatal" // a stopped server logs its closed listeners as errors
 	cfg.LogOutputs = []string{"stderr"}
@@ -55,17 +75,15 @@ func start(t testing.TB, tlsFiles *TLSFiles) *Server {
 	cfg.TickMs, cfg.ElectionMs = 10, 100
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		t.Fatalf("etcdtest: start etcd: %v", err)
+		return nil, fmt.Errorf("start etcd: %w", err)
 	}
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(30 * time.Second):
 		e.Close()
-		t.Fatal("etcdtest: etcd did not become ready within 30s")
+		return nil, errors.New("etcd did not become ready within 30s")
 	}
-	s := &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}
-	t.Cleanup(s.Stop)
-	return s
+	return &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}, nil
 }
 
 // Endpoint returns the client address, "127.0.0.1:PORT".
