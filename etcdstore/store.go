@@ -106,6 +106,7 @@ type Store struct {
 	handles map[string]*handle       // lease id → keep-alive of a handle lease of this store
 	changed map[string]chan struct{} // resource → closed at its next change
 	ended   int                      // leases ended since the last prune
+	health  leasecore.Health         // see [Store.Health]
 }
 
 // known is what a store knows of a lease it has seen: enough to answer for
@@ -248,6 +249,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),
 		handles: make(map[string]*handle), changed: make(map[string]chan struct{}),
+		health: leasecore.Health{Reachable: true},
 	}
 	if err := s.start(ctx); err != nil {
 		cancel()
@@ -381,10 +383,35 @@ func (s *Store) unreachable(ctx context.Context, op, key string, err error, appl
 	if closed {
 		return leasecore.ErrClosed
 	}
+	s.cutOff(op, key, err)
 	if applied {
 		err = fmt.Errorf("%w: %w", leasecore.ErrOutcomeUnknown, err)
 	}
 	return &leasecore.PersistError{Op: "etcd " + op, Path: key, Err: err}
+}
+
+// cutOff counts a call that the cluster did not answer and, when the store
+// had the cluster until then, logs the one line that says it is gone.
+func (s *Store) cutOff(op, key string, err error) {
+	s.mu.Lock()
+	s.health.Failures++
+	first := s.health.Reachable
+	if first {
+		s.health.Reachable, s.health.Since = false, time.Now()
+	}
+	s.mu.Unlock()
+	if first {
+		s.opts.Logger.Error("etcd cluster unreachable: calls that need it fail with EIO until it answers",
+			"endpoints", strings.Join(s.cli.Endpoints(), ","), "op", op, "key", key, "err", err)
+	}
+}
+
+// Health reports whether the cluster answered the store's last call, since
+// when, and how many calls it failed (see [leasecore.HealthReporter]).
+func (s *Store) Health() leasecore.Health {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.health
 }
 
 // begin checks the store is open, and writable when write.
@@ -404,7 +431,17 @@ func (s *Store) begin(write bool) error {
 func (s *Store) seeRev(rev int64) {
 	s.mu.Lock()
 	s.rev = max(s.rev, rev)
+	back := !s.health.Reachable
+	var down time.Duration
+	if back {
+		down = time.Since(s.health.Since)
+		s.health.Reachable, s.health.Since = true, time.Now()
+	}
 	s.mu.Unlock()
+	if back {
+		s.opts.Logger.Info("etcd cluster reachable again", "endpoints", strings.Join(s.cli.Endpoints(), ","),
+			"after", down.Round(time.Millisecond))
+	}
 }
 
 // encode renders a lease key's value: the record and this store's extra

@@ -1,10 +1,13 @@
 package etcdstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -393,4 +396,72 @@ func TestOnCommitCountsChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	step("mkdir and rmdir", 5)
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// A store cut off from its cluster says so in one log line however many
+// calls fail, counts every failed call in Health, and says when the
+// cluster answers again (docs/PROTOCOL.md §8a).
+func TestUnreachableClusterReported(t *testing.T) {
+	srv := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	var logs syncBuffer
+	s, err := etcdstore.Open(context.Background(), []string{proxy.Endpoint()}, "/health", etcdstore.Options{
+		Options:     leasecore.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		CallTimeout: 500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if h := s.Health(); !h.Reachable || h.Failures != 0 {
+		t.Fatalf("Health after Open = %+v, want reachable, no failures", h)
+	}
+	proxy.Cut()
+	for i := range 3 {
+		if _, err := s.Live(ctx, "x"); err == nil || errors.Is(err, leasecore.ErrNotFound) {
+			t.Fatalf("Live %d without the cluster = %v, want a *PersistError", i, err)
+		}
+	}
+	h := s.Health()
+	if h.Reachable || h.Failures < 3 || h.Since.IsZero() {
+		t.Errorf("Health after 3 failed calls = %+v, want unreachable with at least 3 failures", h)
+	}
+	if n := strings.Count(logs.String(), "etcd cluster unreachable"); n != 1 {
+		t.Errorf("%d unreachable log lines for 3 failed calls, want 1:\n%s", n, logs.String())
+	}
+	proxy.Resume(t)
+	deadline := time.Now().Add(guard)
+	for {
+		if _, err := s.Live(ctx, "x"); errors.Is(err, leasecore.ErrNotFound) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("Live after the cluster is back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h := s.Health(); !h.Reachable {
+		t.Errorf("Health after a call the cluster answered = %+v, want reachable", h)
+	}
+	if !strings.Contains(logs.String(), "etcd cluster reachable again") {
+		t.Errorf("no log line for the cluster's return:\n%s", logs.String())
+	}
 }

@@ -108,13 +108,18 @@ func TestEtcdTwoMounts(t *testing.T) {
 // When the daemon loses the etcd cluster for longer than the lease
 // duration, the handle lease of `leasefs lock` ends: the command gets
 // SIGTERM and lock exits 4, as when the daemon stops (docs/PROTOCOL.md
-// §8a).
+// §8a). The loss is one log line and shows in the metrics.
 func TestEtcdLockLostWithCluster(t *testing.T) {
 	requireFUSE(t)
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
-	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second,
+	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second, metricsAddr: "127.0.0.1:0",
 		extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + "/leasefs-lost"}})
+	url := d.metricsURL(t)
+	waitMetrics(t, url, "with the cluster", map[string]float64{
+		"leasefs_store_reachable":               1,
+		"leasefs_store_unreachable_calls_total": 0,
+	})
 	p := startProc(t, []string{"LEASEFS_MOUNT=" + d.mountpoint}, leasefsBin, "lock", "--grace", "5s", "job", "--",
 		"bash", "-c", `trap 'echo got-term; exit 0' TERM; echo running; while :; do sleep 0.05; done`)
 	p.expect(`(?m)^running$`, holdTimeout)
@@ -125,6 +130,13 @@ func TestEtcdLockLostWithCluster(t *testing.T) {
 		t.Fatalf("lock whose daemon lost the cluster: exit %d, want 4 after the command got SIGTERM: %s", r.code, r)
 	}
 	t.Logf("lock was told %v after the cluster went away (lease duration 2s)", time.Since(cut).Round(10*time.Millisecond))
+	eventually(t, 30*time.Second, "the metrics show the cluster unreachable", func() (bool, string) {
+		got, body := scrapeMetrics(t, url)
+		return got["leasefs_store_reachable"] == 0 && got["leasefs_store_unreachable_calls_total"] >= 1, body
+	})
+	if n := strings.Count(d.stderr(), "etcd cluster unreachable"); n != 1 {
+		t.Errorf("the daemon logged the lost cluster %d times, want once:\n%s", n, d.stderr())
+	}
 	began := time.Now()
 	d.stop(false)
 	t.Logf("the daemon stopped in %v without its cluster", time.Since(began).Round(10*time.Millisecond))

@@ -22,13 +22,18 @@
 //     before it was granted a lease.
 //   - leasefs_store_commit_duration_seconds (histogram): how long a durable
 //     change of the store took.
+//   - leasefs_store_reachable (gauge) and
+//     leasefs_store_unreachable_calls_total (counter): for a store that
+//     reports its connection (leasecore.HealthReporter: the etcd store),
+//     whether its cluster answered the last call and how many calls failed
+//     because it did not, read at scrape time.
 //   - go_* and process_*: the Go runtime and process collectors.
 //
 // # Feeding it
 //
 // Neither leasecore nor fusefs imports Prometheus. The lease counters come
 // from the store's change feed ([Registry.Follow]); the gauges from
-// [leasecore.Store.List] at scrape time; refusals, lock waits and store
+// [leasecore.Store.List] and [leasecore.HealthReporter] at scrape time; refusals, lock waits and store
 // commits from plain hook functions: [Registry.Refused] for
 // fusefs.Options.OnRefuse, [Registry.LockGranted] for
 // fusefs.Options.OnHandoff, [Registry.Committed] for

@@ -9,12 +9,16 @@ import (
 )
 
 // storeCollector reads the live leases of a store at each scrape:
-// leasefs_live_leases by mode and leasefs_lock_waiters. Safe for concurrent
-// use.
+// leasefs_live_leases by mode and leasefs_lock_waiters; for a store that
+// reports its connection ([leasecore.HealthReporter], the etcd store) also
+// leasefs_store_reachable and leasefs_store_unreachable_calls_total. Safe
+// for concurrent use.
 type storeCollector struct {
-	store   leasecore.Store
-	live    *prometheus.Desc
-	waiters *prometheus.Desc
+	store       leasecore.Store
+	live        *prometheus.Desc
+	waiters     *prometheus.Desc
+	reachable   *prometheus.Desc
+	unreachable *prometheus.Desc
 }
 
 var _ prometheus.Collector = storeCollector{}
@@ -26,19 +30,36 @@ func newStoreCollector(store leasecore.Store) storeCollector {
 			"Live leases, by mode (token or handle).", []string{"mode"}, nil),
 		waiters: prometheus.NewDesc("leasefs_lock_waiters",
 			"Blocking lock requests (flock, F_SETLKW) waiting for a held name.", nil, nil),
+		reachable: prometheus.NewDesc("leasefs_store_reachable",
+			"1 while the store's remote service (the etcd cluster) answered its last call, else 0.", nil, nil),
+		unreachable: prometheus.NewDesc("leasefs_store_unreachable_calls_total",
+			"Store calls that failed because the remote service (the etcd cluster) did not answer.", nil, nil),
 	}
 }
 
-// Describe sends the descriptors of both gauges.
+// Describe sends the descriptors of the metrics Collect sends.
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.live
 	ch <- c.waiters
+	if _, ok := c.store.(leasecore.HealthReporter); ok {
+		ch <- c.reachable
+		ch <- c.unreachable
+	}
 }
 
 // Collect lists the store's live leases and sends both gauges; when the
 // store cannot be read (it is closed), it sends an invalid metric carrying
 // the error instead.
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	if hr, ok := c.store.(leasecore.HealthReporter); ok {
+		h := hr.Health()
+		up := 0.0
+		if h.Reachable {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.reachable, prometheus.GaugeValue, up)
+		ch <- prometheus.MustNewConstMetric(c.unreachable, prometheus.CounterValue, float64(h.Failures))
+	}
 	leases, err := c.store.List(context.Background())
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.live, err)
