@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -9,10 +8,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/mount"
 	"golang.org/x/sys/unix"
 )
@@ -28,21 +27,10 @@ type child struct {
 	cmd    *exec.Cmd
 	mp     string // "" when it serves no mount
 	exited chan struct{}
-	mu     sync.Mutex
-	logBuf bytes.Buffer
+	logBuf syncbuf.Buffer // its stdout and stderr
 }
 
-func (c *child) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.logBuf.Write(p)
-}
-
-func (c *child) log() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.logBuf.String()
-}
+func (c *child) log() string { return c.logBuf.String() }
 
 // buildLeasefs builds the daemon from the module root into the temporary
 // directory, once.
@@ -68,8 +56,8 @@ func (b *bench) buildLeasefs() (string, error) {
 func (b *bench) spawn(name, mp string, cmd *exec.Cmd) (*child, error) {
 	c := &child{name: name, cmd: cmd, mp: mp, exited: make(chan struct{})}
 	cmd.Dir = "/"
-	cmd.Stdout = c
-	cmd.Stderr = c
+	cmd.Stdout = &c.logBuf
+	cmd.Stderr = &c.logBuf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {

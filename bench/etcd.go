@@ -117,14 +117,5 @@ func (b *bench) etcdRows() error {
 	}
 	defer d.stop()
 	b.logf("leasefs on the etcd store mounted on %s (pid %d)", mp, d.pid)
-	if err := b.cellRow("9a", nameEtcdLease, leaseCycle(mp, "lease")); err != nil {
-		return err
-	}
-	if err := b.cellRow("9b", nameEtcdRenew, renewCycle(mp)); err != nil {
-		return err
-	}
-	if err := b.cellRow("9c", nameEtcdHandle, handleCycle(mp, "handle")); err != nil {
-		return err
-	}
-	return b.queueRow("9d", nameEtcdQueue, mp)
+	return b.cycleRows(mp, [4]string{"9a", "9b", "9c", "9d"}, [4]string{nameEtcdLease, nameEtcdRenew, nameEtcdHandle, nameEtcdQueue})
 }

@@ -223,19 +223,26 @@ func (b *bench) leasefsRows() error {
 	}
 	defer d.stop()
 	b.logf("leasefs mounted on %s (pid %d)", mp, d.pid)
-	if err := b.cellRow("1a", nameLease, leaseCycle(mp, "lease")); err != nil {
-		return err
-	}
-	if err := b.cellRow("1b", nameRenew, renewCycle(mp)); err != nil {
-		return err
-	}
-	if err := b.cellRow("1c", nameHandle, handleCycle(mp, "handle")); err != nil {
-		return err
-	}
-	if err := b.queueRow("1d", nameQueue, mp); err != nil {
+	if err := b.cycleRows(mp, [4]string{"1a", "1b", "1c", "1d"}, [4]string{nameLease, nameRenew, nameHandle, nameQueue}); err != nil {
 		return err
 	}
 	return b.killRow("8", nameKill, mp)
+}
+
+// cycleRows runs the four cycles of a mount on mp under the given row ids
+// and names: the lease cycle, the renew, the handle-lease cycle and the
+// queue on one name.
+func (b *bench) cycleRows(mp string, ids, names [4]string) error {
+	if err := b.cellRow(ids[0], names[0], leaseCycle(mp, "lease")); err != nil {
+		return err
+	}
+	if err := b.cellRow(ids[1], names[1], renewCycle(mp)); err != nil {
+		return err
+	}
+	if err := b.cellRow(ids[2], names[2], handleCycle(mp, "handle")); err != nil {
+		return err
+	}
+	return b.queueRow(ids[3], names[3], mp)
 }
 
 // Row names, shared by the table and the targets.

@@ -1,19 +1,18 @@
 package etcdstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasefs/leasefs/etcdstore"
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 	"github.com/leasefs/leasefs/leasecore/storetest"
@@ -398,31 +397,13 @@ func TestOnCommitCountsChanges(t *testing.T) {
 	step("mkdir and rmdir", 5)
 }
 
-// syncBuffer is a bytes.Buffer for a logger written from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // A store cut off from its cluster says so in one log line however many
 // calls fail, counts every failed call in Health, and says when the
 // cluster answers again (docs/PROTOCOL.md §8a).
 func TestUnreachableClusterReported(t *testing.T) {
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	s, err := etcdstore.Open(context.Background(), []string{proxy.Endpoint()}, "/health", etcdstore.Options{
 		Options:     leasecore.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		CallTimeout: 500 * time.Millisecond,

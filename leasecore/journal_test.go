@@ -11,10 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 	"golang.org/x/sys/unix"
 )
@@ -165,7 +165,7 @@ func TestJournalTornTailDropped(t *testing.T) {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			var log syncBuffer
+			var log syncbuf.Buffer
 			rw := openStore(t, img, Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 			checkChanges(t, rw, renewed, ended, live)
 			if !strings.Contains(log.String(), "torn tail of the journal") {
@@ -178,24 +178,6 @@ func TestJournalTornTailDropped(t *testing.T) {
 			}
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use, for log output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // Changes that arrive while no commit runs share one: three records

@@ -1,7 +1,6 @@
 package mount
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -126,7 +126,7 @@ type mountedHandler struct {
 	attrs map[string]string // written before ready is closed
 }
 
-func newMountedHandler(w *lockedBuffer) *mountedHandler {
+func newMountedHandler(w *syncbuf.Buffer) *mountedHandler {
 	return &mountedHandler{
 		Handler: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}),
 		once:    new(sync.Once),
@@ -146,24 +146,6 @@ func (h *mountedHandler) Handle(ctx context.Context, r slog.Record) error {
 		})
 	}
 	return h.Handler.Handle(ctx, r)
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // requireFUSE skips the test unless it can mount (root, /dev/fuse), or fails
@@ -197,7 +179,7 @@ func TestRunServesOpenedStore(t *testing.T) {
 	}
 	store := &closeCounter{Store: backing}
 	state, mp := t.TempDir(), t.TempDir()
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	h := newMountedHandler(&out)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
