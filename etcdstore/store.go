@@ -92,7 +92,7 @@ type Store struct {
 	bg     context.Context // cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	feed   feed
+	feed   leasecore.Feed
 	kick   chan struct{}
 
 	session clientv3.LeaseID // of waiter keys; 0 for a read-only store

@@ -21,7 +21,7 @@ func (s *Store) Watch(ctx context.Context) <-chan leasecore.Event {
 	s.mu.Lock()
 	from := s.rev
 	s.mu.Unlock()
-	return s.feed.subscribe(ctx, from)
+	return s.feed.Subscribe(ctx, from)
 }
 
 // watch follows the prefix from revision from+1 until the store closes,
@@ -104,7 +104,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 				e.Lease = r.l
 				s.fill(&e.Lease)
 				s.rev = max(s.rev, rev)
-				s.feed.publish(rev, e)
+				s.feed.Publish(rev, e)
 				s.mu.Unlock()
 				s.notify(resource)
 				continue
@@ -143,7 +143,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 			}
 			s.rev = max(s.rev, rev)
 			if !published {
-				s.feed.publish(rev, e)
+				s.feed.Publish(rev, e)
 			}
 			s.mu.Unlock()
 			s.stopKeepAlive(prev.l.ID)
@@ -394,7 +394,7 @@ func (s *Store) lost(id string) {
 	l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	k.last = l
-	s.feed.publish(0, leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired, Lease: l})
+	s.feed.Publish(0, leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired, Lease: l})
 	s.mu.Unlock()
 	s.notify(l.Resource)
 	s.opts.Logger.Warn("lease ended", "resource", l.Resource, "lease", id, "generation", l.Generation,
@@ -559,6 +559,6 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
-	s.feed.close()
+	s.feed.Close()
 	return s.cli.Close()
 }

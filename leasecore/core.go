@@ -142,7 +142,7 @@ type store struct {
 	// Options.OnCommit began (zero: none).
 	dirtySince time.Time
 
-	feed feed
+	feed Feed
 	// kick wakes the reaper early: a read found a dead lease.
 	kick chan struct{}
 	// stopReaper ends the reaper goroutine; reaped is closed when it has.
@@ -297,7 +297,7 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
 			"generation", l.Generation, "status", status, "reason", reason)
 	}
-	s.feed.publish(Event{Kind: EventEnded, Change: change, Lease: s.snapshot(e)})
+	s.feed.Publish(0, Event{Kind: EventEnded, Change: change, Lease: s.snapshot(e)})
 	s.handOff(l.Resource)
 	return nil
 }
@@ -404,7 +404,7 @@ func (s *store) Close() error {
 	}
 	s.closed = true
 	s.queues.wakeAll()
-	s.feed.close()
+	s.feed.Close()
 	s.disk.close()
 	return nil
 }

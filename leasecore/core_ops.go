@@ -250,7 +250,7 @@ func (s *store) reserveLocked(d Draft) (Grant, error) {
 	s.leases[l.ID] = e
 	s.addLive(e)
 	snap := s.snapshot(e)
-	s.feed.publish(Event{Kind: EventReserved, Change: ChangeReserved, Lease: snap})
+	s.feed.Publish(0, Event{Kind: EventReserved, Change: ChangeReserved, Lease: snap})
 	return Grant{Lease: snap, Token: token}, nil
 }
 
@@ -295,7 +295,7 @@ func (s *store) mutateActive(id string, token *string, what Change, change func(
 	}
 	snap := s.snapshot(e)
 	if snap.Live() {
-		s.feed.publish(Event{Kind: EventChanged, Change: what, Lease: snap})
+		s.feed.Publish(0, Event{Kind: EventChanged, Change: what, Lease: snap})
 	}
 	return snap, nil
 }
@@ -496,4 +496,4 @@ func (s *store) History(ctx context.Context, resource string) (_ []Lease, err er
 
 // Watch returns the change feed: every event from now on, in order, until
 // ctx is done or the store is closed; see [Store.Watch].
-func (s *store) Watch(ctx context.Context) <-chan Event { return s.feed.subscribe(ctx) }
+func (s *store) Watch(ctx context.Context) <-chan Event { return s.feed.Subscribe(ctx, 0) }

@@ -69,10 +69,14 @@ type Event struct {
 	Lease  Lease
 }
 
-// feed fans events out to subscribers, each with an unbounded queue, so
-// that publishing never blocks and no subscriber misses an event. Safe for
-// concurrent use. Lock order: feed.mu, then a subscriber's mu.
-type feed struct {
+// Feed fans a store's events out to its [Store.Watch] subscribers, each
+// with an unbounded queue, so that publishing never blocks and no
+// subscriber misses an event. Events may carry the revision of the change
+// (a store with a shared, ordered log of changes, as etcd's): a subscriber
+// that started at revision from receives only the events after it. The
+// zero value is an open feed with no subscribers. Safe for concurrent use.
+// Lock order: Feed.mu, then a subscriber's mu.
+type Feed struct {
 	mu     sync.Mutex
 	subs   map[*subscriber]struct{}
 	closed bool
@@ -81,17 +85,23 @@ type feed struct {
 // subscriber is one [Store.Watch] channel and the events not yet sent on
 // it.
 type subscriber struct {
+	// from is the revision the subscriber started at: events of changes
+	// at or before it happened before it subscribed.
+	from    int64
 	mu      sync.Mutex
 	pending []Event
 	wake    chan struct{} // buffered 1: pending grew
 	done    chan struct{} // closed when the feed closes
 }
 
-// subscribe returns a channel that receives every event published from now
-// on, in order, until ctx is done or the feed is closed; then it is closed.
-func (f *feed) subscribe(ctx context.Context) <-chan Event {
+// Subscribe returns a channel that receives, in order, every event
+// published from now on whose revision is after from (events published
+// with revision 0 always count; a store without revisions passes 0), until
+// ctx is done or the feed is closed; then it is closed. After Close it
+// returns a closed channel.
+func (f *Feed) Subscribe(ctx context.Context, from int64) <-chan Event {
 	out := make(chan Event)
-	sub := &subscriber{wake: make(chan struct{}, 1), done: make(chan struct{})}
+	sub := &subscriber{from: from, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -138,17 +148,25 @@ func (f *feed) subscribe(ctx context.Context) <-chan Event {
 	return out
 }
 
-func (f *feed) unsubscribe(sub *subscriber) {
+func (f *Feed) unsubscribe(sub *subscriber) {
 	f.mu.Lock()
 	delete(f.subs, sub)
 	f.mu.Unlock()
 }
 
-// publish queues e for every subscriber; it never blocks.
-func (f *feed) publish(e Event) {
+// Publish queues e, the change made at revision rev (0: no revision, or a
+// change seen only by this store), for every subscriber that started
+// before it; it never blocks. After Close it drops e.
+func (f *Feed) Publish(rev int64, e Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closed {
+		return
+	}
 	for sub := range f.subs {
+		if rev != 0 && rev <= sub.from {
+			continue
+		}
 		sub.mu.Lock()
 		sub.pending = append(sub.pending, e)
 		sub.mu.Unlock()
@@ -159,8 +177,9 @@ func (f *feed) publish(e Event) {
 	}
 }
 
-// close ends every subscription once its pending events are delivered.
-func (f *feed) close() {
+// Close ends every subscription once its pending events are delivered; a
+// second call is a no-op.
+func (f *Feed) Close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
