@@ -337,9 +337,10 @@ func newLsCmd(stdout io.Writer) *cobra.Command {
 	var asJSON bool
 	var sf storeFlags
 	cmd := &cobra.Command{
-		Use:   "ls [--state DIR] [--json]",
+		Use:   "ls [--state DIR | --store etcd://HOST:PORT/PREFIX] [--json]",
 		Short: "List live leases: resource, mode, holder, generation, age, expiry",
-		Long: `List the live leases of the store in --state: resource, mode, holder uid
+		Long: `List the live leases of the store in --state (or of the etcd store
+--store names): resource, mode, holder uid
 and pid, generation (fencing token), age and time to expiry. Reads the
 store under its lock, whether or not a daemon serves it; a state
 directory that was never served is an empty store. --json prints every
@@ -387,7 +388,7 @@ func newHistoryCmd(stdout io.Writer) *cobra.Command {
 	var asJSON bool
 	var sf storeFlags
 	cmd := &cobra.Command{
-		Use:   "history [--state DIR] [RESOURCE] [--json]",
+		Use:   "history [--state DIR | --store etcd://HOST:PORT/PREFIX] [RESOURCE] [--json]",
 		Short: "List ended leases, newest first",
 		Long: `List the ended leases kept in the store's history (--history-keep of the
 daemon), newest first, of every resource or of RESOURCE: how each ended

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,8 +68,15 @@ func (sf *storeFlags) parse() (*etcdSpec, error) {
 	}
 	spec := &etcdSpec{prefix: "/" + strings.Trim(prefix, "/")}
 	for h := range strings.SplitSeq(hosts, ",") {
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			return nil, usageError{fmt.Errorf("--store %q: endpoint %q: want HOST:PORT", sf.store, h)}
+		host, port, err := net.SplitHostPort(h)
+		if err == nil && host == "" {
+			err = errors.New("no host")
+		}
+		if n, perr := strconv.Atoi(port); err == nil && (perr != nil || n < 1 || n > 65535) {
+			err = errors.New("the port is not a number from 1 to 65535")
+		}
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--store %q: endpoint %q: want HOST:PORT (%v)", sf.store, h, err)}
 		}
 		spec.endpoints = append(spec.endpoints, h)
 	}

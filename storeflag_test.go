@@ -31,6 +31,10 @@ func TestStoreFlagParse(t *testing.T) {
 		{store: "etcd://a:1", bad: true},
 		{store: "etcd://a/x", bad: true},
 		{store: "redis://a:1/x", bad: true},
+		{store: "etcd://:2379/x", bad: true},
+		{store: "etcd://a:0/x", bad: true},
+		{store: "etcd://a:99999/x", bad: true},
+		{store: "etcd://a:b/x", bad: true},
 	} {
 		sf := storeFlags{store: tc.store}
 		spec, err := sf.parse()

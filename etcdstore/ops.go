@@ -132,7 +132,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.k.ns(parent)), ">", 0))
 		}
 		then := []clientv3.Op{
-			clientv3.OpPut(s.k.live(d.Resource), s.encode(l, hash, chReserved), clientv3.WithLease(grant)),
+			clientv3.OpPut(s.k.live(d.Resource), s.encode(l, hash, chReserved, s.opts.LeaseDuration), clientv3.WithLease(grant)),
 			clientv3.OpPut(s.k.id(l.ID), d.Resource, clientv3.WithLease(grant)),
 			clientv3.OpPut(s.k.holder(d.HolderUID, d.Resource), l.ID, clientv3.WithLease(grant)),
 		}
@@ -162,11 +162,11 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		s.committed(start)
 		// The generation is the revision of this transaction.
 		l.Generation = uint64(tresp.Header.Revision)
-		r := &rec{l: l, hash: hash, kv: nil}
+		r := &rec{l: l, hash: hash, duration: s.opts.LeaseDuration}
 		s.mu.Lock()
 		s.remember(r)
 		waiters := tresp.Responses[len(tresp.Responses)-1].GetResponseRange().Count
-		s.fill(&l)
+		s.fill(&l, s.opts.LeaseDuration)
 		l.Waiters = int(waiters)
 		s.mu.Unlock()
 		if l.Mode == leasecore.ModeHandle {
@@ -272,7 +272,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 			clientv3.OpDelete(s.k.live(r.l.Resource)),
 			clientv3.OpDelete(s.k.id(r.l.ID)),
 			clientv3.OpDelete(s.k.holder(r.l.HolderUID, r.l.Resource)),
-			clientv3.OpPut(s.k.history(r.l.ID), s.encode(l, r.hash, change)),
+			clientv3.OpPut(s.k.history(r.l.ID), s.encode(l, r.hash, change, r.duration)),
 		).Commit()
 	done()
 	if err != nil {
@@ -512,7 +512,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 		start := time.Now()
 		resp, err := s.cli.Txn(cctx).
 			If(clientv3.Compare(clientv3.ModRevision(s.k.live(r.l.Resource)), "=", r.kv.ModRevision)).
-			Then(clientv3.OpPut(s.k.live(r.l.Resource), s.encode(l, r.hash, what), clientv3.WithLease(clientv3.LeaseID(r.kv.Lease)))).
+			Then(clientv3.OpPut(s.k.live(r.l.Resource), s.encode(l, r.hash, what, s.durationOf(r)), clientv3.WithLease(clientv3.LeaseID(r.kv.Lease)))).
 			Commit()
 		done()
 		if err != nil {
@@ -526,7 +526,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 			continue
 		}
 		s.committed(start)
-		nr := &rec{l: l, hash: r.hash, kv: r.kv}
+		nr := &rec{l: l, hash: r.hash, duration: s.durationOf(r), kv: r.kv}
 		s.mu.Lock()
 		s.remember(nr)
 		out := s.snapshot(nr, found.waiters)

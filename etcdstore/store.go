@@ -155,14 +155,18 @@ type rec struct {
 	hash   string
 	change string // the change that wrote it, see changeName
 	daemon string
-	kv     *mvccpb.KeyValue
+	// duration is the lease duration of the daemon that reserved the
+	// lease, the TTL of its etcd lease (0: not recorded, an older record).
+	duration time.Duration
+	kv       *mvccpb.KeyValue
 }
 
 // extra holds this store's keys in a record beside the fields of §4.3; the
 // record decoder of leasecore ignores them.
 type extra struct {
-	Change string `toml:"leasefs_change"`
-	Daemon string `toml:"leasefs_daemon"`
+	Change   string `toml:"leasefs_change"`
+	Daemon   string `toml:"leasefs_daemon"`
+	Duration string `toml:"leasefs_lease_duration"`
 }
 
 // Names of changes recorded in records (leasefs_change).
@@ -362,7 +366,25 @@ func (s *Store) sessionID() clientv3.LeaseID {
 
 // call bounds one cluster call by the call timeout.
 func (s *Store) call(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.opts.CallTimeout)
+	return context.WithTimeout(ctx, s.callTimeout())
+}
+
+// downCallTimeout bounds each cluster call while the store knows the
+// cluster is unreachable (a call failed and none succeeded since): one
+// syscall may need several calls, and each waiting the full CallTimeout
+// would make it fail only after several of them.
+const downCallTimeout = time.Second
+
+// callTimeout returns how long the next cluster call may take:
+// Options.CallTimeout, or at most downCallTimeout while the cluster is
+// known to be unreachable.
+func (s *Store) callTimeout() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.health.Reachable {
+		return min(s.opts.CallTimeout, downCallTimeout)
+	}
+	return s.opts.CallTimeout
 }
 
 // errRaced: a transaction's comparison failed because another change came
@@ -446,13 +468,26 @@ func (s *Store) seeRev(rev int64) {
 
 // encode renders a lease key's value: the record and this store's extra
 // keys.
-func (s *Store) encode(l leasecore.Lease, hash, change string) string {
+func (s *Store) encode(l leasecore.Lease, hash, change string, d time.Duration) string {
 	l.ExpiresAt, l.Waiters = time.Time{}, 0
 	var b strings.Builder
 	b.Write(leasecore.EncodeRecord(&l, hash))
 	b.WriteString("leasefs_change = " + leasecore.QuoteTOML(change) + "\n")
 	b.WriteString("leasefs_daemon = " + leasecore.QuoteTOML(s.opts.DaemonID) + "\n")
+	if d > 0 {
+		b.WriteString("leasefs_lease_duration = " + leasecore.QuoteTOML(d.String()) + "\n")
+	}
 	return b.String()
+}
+
+// durationOf returns the lease duration of r: the one its reserving
+// daemon recorded (every mount of a cluster may run with its own
+// --lease-duration), else this store's.
+func (s *Store) durationOf(r *rec) time.Duration {
+	if r.duration > 0 {
+		return r.duration
+	}
+	return s.opts.LeaseDuration
 }
 
 // decode parses a lease key; a live key takes its generation from its
@@ -483,6 +518,9 @@ func (s *Store) decodeExtra(r *rec) {
 	var x extra
 	if _, err := toml.Decode(string(r.kv.Value), &x); err == nil {
 		r.change, r.daemon = x.Change, x.Daemon
+		if d, err := time.ParseDuration(x.Duration); err == nil && d > 0 {
+			r.duration = d
+		}
 	}
 }
 
@@ -514,7 +552,7 @@ func (s *Store) deadReason(r *rec) string {
 		return "keep-alive lost"
 	case s.handles[r.l.ID] != nil && !time.Now().Before(s.handles[r.l.ID].deadline):
 		return "keep-alive not confirmed before the local deadline"
-	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.opts.LeaseDuration:
+	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.durationOf(r):
 		return "heartbeat expired"
 	case r.l.Host != s.opts.Host:
 		return ""
@@ -533,18 +571,19 @@ func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
 		l.CompletedAt = s.opts.Clock.Now().UTC()
 		return l
 	}
-	s.fill(&l)
+	s.fill(&l, s.durationOf(r))
 	if l.Status == leasecore.StatusActive {
 		l.Waiters = int(waiters)
 	}
 	return l
 }
 
-// fill sets ExpiresAt from the heartbeat and mode.
-func (s *Store) fill(l *leasecore.Lease) {
+// fill sets ExpiresAt from the heartbeat, the mode and the lease's
+// duration d.
+func (s *Store) fill(l *leasecore.Lease, d time.Duration) {
 	l.ExpiresAt = time.Time{}
 	if l.Mode == leasecore.ModeToken && l.Status == leasecore.StatusActive {
-		l.ExpiresAt = l.HeartbeatAt.Add(s.opts.LeaseDuration)
+		l.ExpiresAt = l.HeartbeatAt.Add(d)
 	}
 }
 

@@ -446,3 +446,33 @@ func TestUnreachableClusterReported(t *testing.T) {
 		t.Errorf("no log line for the cluster's return:\n%s", logs.String())
 	}
 }
+
+// Mounts of one cluster may run with different lease durations: a token
+// lease expires by the duration of the daemon that reserved it (the TTL of
+// its etcd lease), as every mount reports and judges it.
+func TestLeaseDurationOfTheReservingDaemon(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	long := openAt(t, srv, "/durations", etcdstore.Options{DaemonID: "long", Options: leasecore.Options{LeaseDuration: time.Hour}})
+	clock := clocktest.NewFakeClock(time.Now().UTC())
+	short := openAt(t, srv, "/durations", etcdstore.Options{DaemonID: "short",
+		Options: leasecore.Options{LeaseDuration: 2 * time.Second, Clock: clock}})
+	g, err := long.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := short.Live(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := l.HeartbeatAt.Add(time.Hour); !l.ExpiresAt.Equal(want) {
+		t.Errorf("the 2 s mount reports expires_at %v, want the reserving mount's heartbeat + 1h = %v", l.ExpiresAt, want)
+	}
+	clock.Advance(10 * time.Second) // past the short mount's own duration
+	if _, err := short.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1001}); !errors.Is(err, leasecore.ErrHeld) {
+		t.Fatalf("Reserve through the 2 s mount 10 s after the 1 h lease's heartbeat = %v, want ErrHeld", err)
+	}
+	if l, err := short.Live(ctx, "x"); err != nil || l.ID != g.Lease.ID || !l.Live() {
+		t.Errorf("the 1 h lease through the 2 s mount after 10 s: %+v, %v; want it live", l, err)
+	}
+}

@@ -102,7 +102,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 				s.live[resource] = r
 				s.remember(r)
 				e.Lease = r.l
-				s.fill(&e.Lease)
+				s.fill(&e.Lease, s.durationOf(r))
 				s.rev = max(s.rev, rev)
 				s.feed.Publish(rev, e)
 				s.mu.Unlock()
@@ -160,7 +160,7 @@ func (s *Store) writeExpired(prev *rec, l leasecore.Lease) {
 		defer done()
 		key := s.k.history(l.ID)
 		_, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, s.encode(l, prev.hash, chExpired))).Commit()
+			Then(clientv3.OpPut(key, s.encode(l, prev.hash, chExpired, prev.duration))).Commit()
 		if err != nil && s.bg.Err() == nil {
 			s.opts.Logger.Warn("recording an expired lease failed", "lease", l.ID, "err", err)
 		}
@@ -357,7 +357,7 @@ func (s *Store) pastDeadline(id string) bool {
 // deadline: a read through the holder's descriptor never waits past the
 // moment the lease ends locally.
 func (s *Store) callFor(ctx context.Context, id string) (context.Context, context.CancelFunc) {
-	d := time.Now().Add(s.opts.CallTimeout)
+	d := time.Now().Add(s.callTimeout())
 	s.mu.Lock()
 	if h := s.handles[id]; h != nil {
 		d = minTime(d, h.deadline)

@@ -131,7 +131,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 func (d *dirNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
 	nss, leases, err := d.fsys.store.ListDir(ctx, d.path)
 	if err != nil {
-		return nil, toErrno(err)
+		return nil, d.fsys.refuse("readdir", d.path, callerOf(ctx), toErrno(err), err)
 	}
 	entries := make([]fuse.DirEntry, 0, len(nss)+len(leases)+2)
 	entries = append(entries, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: d.fsys.dirInos.ino(d.path)})

@@ -91,6 +91,11 @@ func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Att
 	if errno == syscall.ESTALE {
 		errno = n.opening(ctx, &l)
 	}
+	if errno == syscall.EIO {
+		// The store failed (a commit, a cluster call); an ended lease's
+		// ESTALE and ENOENT are answers, not refusals worth a line.
+		return n.fsys.refuse("getattr", n.resource, callerOf(ctx), errno, "the store failed")
+	}
 	if errno != 0 {
 		return errno
 	}
