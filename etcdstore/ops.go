@@ -276,6 +276,19 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 		).Commit()
 	done()
 	if err != nil {
+		s.mu.Lock()
+		_, keptAlive := s.handles[r.l.ID]
+		s.mu.Unlock()
+		if keptAlive {
+			// Whether or not the transaction applied, this store must
+			// stop keeping the lease alive: its holder has let go, and a
+			// lease nobody holds would otherwise keep its name (and its
+			// waiters waiting) until the daemon stops. Revoking ends it
+			// at once if the cluster answers, else etcd ends it after
+			// its TTL; the watch then records it in the history.
+			s.stopKeepAlive(r.l.ID)
+			s.revoke(clientv3.LeaseID(r.kv.Lease))
+		}
 		return leasecore.Lease{}, s.unreachable(ctx, "end", s.k.live(r.l.Resource), err, true)
 	}
 	s.seeRev(resp.Header.Revision)
