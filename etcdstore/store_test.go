@@ -476,4 +476,3 @@ func TestLeaseDurationOfTheReservingDaemon(t *testing.T) {
 		t.Errorf("the 1 h lease through the 2 s mount after 10 s: %+v, %v; want it live", l, err)
 	}
 }
-
