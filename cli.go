@@ -14,7 +14,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
 
@@ -364,17 +363,21 @@ key of each lease's status document.`,
 				return flushed(out, writeJSON(out, leases))
 			}
 			now := time.Now()
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RESOURCE\tMODE\tUID\tPID\tGENERATION\tAGE\tEXPIRES IN")
+			t := newTable(len(leases), "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
 			for _, l := range leases {
 				expires := "-"
 				if !l.ExpiresAt.IsZero() {
 					expires = age(l.ExpiresAt.Sub(now))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Mode, l.HolderUID,
-					l.HolderPID, l.Generation, age(now.Sub(l.StartedAt)), expires)
+				t.text(tableName(l.Resource))
+				t.text(string(l.Mode))
+				t.uint(uint64(l.HolderUID))
+				t.int(int64(l.HolderPID))
+				t.uint(l.Generation)
+				t.text(age(now.Sub(l.StartedAt)))
+				t.text(expires)
 			}
-			return flushed(out, tw.Flush())
+			return flushed(out, t.write(out))
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
@@ -415,13 +418,17 @@ daemon), newest first, of every resource or of RESOURCE: how each ended
 			if asJSON {
 				return flushed(out, writeJSON(out, leases))
 			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "RESOURCE\tSTATUS\tMODE\tUID\tGENERATION\tSTARTED\tENDED")
+			t := newTable(len(leases), "RESOURCE", "STATUS", "MODE", "UID", "GENERATION", "STARTED", "ENDED")
 			for _, l := range leases {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", tableName(l.Resource), l.Status, l.Mode, l.HolderUID,
-					l.Generation, l.StartedAt.Format(time.RFC3339), l.CompletedAt.Format(time.RFC3339))
+				t.text(tableName(l.Resource))
+				t.text(string(l.Status))
+				t.text(string(l.Mode))
+				t.uint(uint64(l.HolderUID))
+				t.uint(l.Generation)
+				t.text(l.StartedAt.Format(time.RFC3339))
+				t.text(l.CompletedAt.Format(time.RFC3339))
 			}
-			return flushed(out, tw.Flush())
+			return flushed(out, t.write(out))
 		},
 	}
 	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")

@@ -103,6 +103,12 @@ func (s *FileStore) rotate() error {
 	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), hw: s.hwJournal, done: make(chan struct{})}
 	s.dirty = make(map[string]struct{})
 	s.ckpt = c
+	if s.cacheChanges >= len(s.leases)/2 {
+		// Half the records may have changed since the record cache was
+		// written: rewrite it, so that readers of the state directory
+		// ("leasefs ls") keep reading few record files.
+		s.refreshRecordCache()
+	}
 	hwSaved := s.hwSaved
 	go func() {
 		defer close(c.done)
@@ -250,11 +256,13 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 		if err != nil {
 			continue // reported by replay
 		}
-		s.addLoaded(l, hash, now, mono)
+		e := s.addLoaded(l, hash, now, mono)
 		if !s.opts.ReadOnly {
-			if err := s.putRecord(id, data); err != nil {
+			stamp, err := s.putRecord(id, data)
+			if err != nil {
 				return err
 			}
+			e.disk = stamp
 		}
 	}
 	s.hw = max(s.hw, r.hw)

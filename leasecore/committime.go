@@ -23,8 +23,12 @@ func (p markingPersister) mark(change func() error) error {
 	return nil
 }
 
-func (p markingPersister) writeRecord(l *Lease, tokenHash string) error {
-	return p.mark(func() error { return p.persister.writeRecord(l, tokenHash) })
+func (p markingPersister) writeRecord(l *Lease, tokenHash string) (st recordStamp, err error) {
+	err = p.mark(func() error {
+		st, err = p.persister.writeRecord(l, tokenHash)
+		return err
+	})
+	return st, err
 }
 
 func (p markingPersister) removeRecords(ids []string) error {

@@ -85,8 +85,9 @@ func (o Options) withDefaults() Options {
 // into the store. A change it accepts is visible to readers of its files at
 // once and durable once await returns (group commit, docs/ARCHITECTURE.md).
 type persister interface {
-	// writeRecord replaces the record of l durably.
-	writeRecord(l *Lease, tokenHash string) error
+	// writeRecord replaces the record of l durably and returns the stamp
+	// of the file written (zero for a store without record files).
+	writeRecord(l *Lease, tokenHash string) (recordStamp, error)
 	// removeRecords deletes the records of pruned leases durably.
 	removeRecords(ids []string) error
 	// saveGeneration records the generation high-water mark hw durably.
@@ -111,6 +112,9 @@ type entry struct {
 	hash  string
 	// hbMono is the heartbeat on the store's monotonic clock.
 	hbMono time.Duration
+	// disk is the stamp of the record file as last written or read; the
+	// record cache holds lease only while it encodes to that content.
+	disk recordStamp
 }
 
 // store is the lease engine shared by [FileStore] and [MemStore]: the index
@@ -283,7 +287,8 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	s.fillExpiry(&l)
-	if err := s.disk.writeRecord(&l, e.hash); err != nil {
+	stamp, err := s.disk.writeRecord(&l, e.hash)
+	if err != nil {
 		if !deferrable {
 			return err
 		}
@@ -293,6 +298,9 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 	}
 	s.dropLive(e)
 	e.lease = l
+	if err == nil {
+		e.disk = stamp
+	}
 	if status == StatusAbandoned {
 		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
 			"generation", l.Generation, "status", status, "reason", reason)
@@ -335,9 +343,11 @@ func (s *store) handOff(resource string) {
 // holds mu.
 func (s *store) syncLocked() error {
 	for id, e := range s.unsynced {
-		if err := s.disk.writeRecord(&e.lease, e.hash); err != nil {
+		stamp, err := s.disk.writeRecord(&e.lease, e.hash)
+		if err != nil {
 			return err
 		}
+		e.disk = stamp
 		delete(s.unsynced, id)
 	}
 	return nil

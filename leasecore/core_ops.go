@@ -242,11 +242,12 @@ func (s *store) reserveLocked(d Draft) (Grant, error) {
 		return Grant{}, err
 	}
 	hash := HashToken(token)
-	if err := s.disk.writeRecord(&l, hash); err != nil {
+	stamp, err := s.disk.writeRecord(&l, hash)
+	if err != nil {
 		return Grant{}, err
 	}
 	s.hw = l.Generation
-	e := &entry{lease: l, hash: hash, hbMono: s.opts.Clock.Mono()}
+	e := &entry{lease: l, hash: hash, hbMono: s.opts.Clock.Mono(), disk: stamp}
 	s.leases[l.ID] = e
 	s.addLive(e)
 	snap := s.snapshot(e)
@@ -309,10 +310,11 @@ func (s *store) Renew(ctx context.Context, id, token string, ann Annotations) (L
 			return err
 		}
 		l.HeartbeatAt = s.opts.Clock.Now().UTC()
-		if err := s.disk.writeRecord(&l, e.hash); err != nil {
+		stamp, err := s.disk.writeRecord(&l, e.hash)
+		if err != nil {
 			return err
 		}
-		e.lease, e.hbMono = l, s.opts.Clock.Mono()
+		e.lease, e.hbMono, e.disk = l, s.opts.Clock.Mono(), stamp
 		return nil
 	})
 }
@@ -360,10 +362,11 @@ func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, erro
 		if holderPID > 0 {
 			l.HolderPID = holderPID
 		}
-		if err := s.disk.writeRecord(&l, e.hash); err != nil {
+		stamp, err := s.disk.writeRecord(&l, e.hash)
+		if err != nil {
 			return err
 		}
-		e.lease = l
+		e.lease, e.disk = l, stamp
 		return nil
 	})
 }
@@ -380,10 +383,11 @@ func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequ
 		l.TakeoverRequestedBy = req.By
 		l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()
 		l.TakeoverReason = req.Reason
-		if err := s.disk.writeRecord(&l, e.hash); err != nil {
+		stamp, err := s.disk.writeRecord(&l, e.hash)
+		if err != nil {
 			return err
 		}
-		e.lease = l
+		e.lease, e.disk = l, stamp
 		return nil
 	})
 }

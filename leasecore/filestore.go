@@ -69,6 +69,26 @@ type FileStore struct {
 	// hwJournal is the generation mark last appended to the journal; the
 	// next checkpoint writes it to the generation file.
 	hwJournal uint64
+	// minCached is the number of records from which the store keeps a
+	// record cache (recordcache.go): minCachedRecords, smaller in tests.
+	minCached int
+	// cacheDone is closed when the background record-cache writer ends;
+	// nil while none runs. Guarded by mu.
+	cacheDone chan struct{}
+	// cacheStop tells the cache writer to give up: the store is closing.
+	// Guarded by mu.
+	cacheStop bool
+	// cacheChanges counts the records written or removed since the cache
+	// writer last started; cacheMisses the records read from their files
+	// at open. Guarded by mu.
+	cacheChanges, cacheMisses int
+	// cacheCurrent: the record cache held every record when the store
+	// opened, or was written since; with no change since, Close need not
+	// write it again. Guarded by mu.
+	cacheCurrent bool
+	// lastCtime is the newest ctime of a record file stamped, in
+	// nanoseconds since the epoch. Guarded by mu.
+	lastCtime int64
 }
 
 var (
@@ -88,7 +108,8 @@ var (
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
 	opts = opts.withDefaults()
-	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}), checkpointAt: checkpointBytes}
+	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}),
+		checkpointAt: checkpointBytes, minCached: minCachedRecords}
 	s.store = newStore(opts, s)
 	if opts.ReadOnly {
 		// Without writer-leases (or without the state directory itself) no
@@ -120,20 +141,34 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		}
 		s.startWaitersWriter()
 		s.startReaper()
+		if s.cacheMisses >= max(len(s.leases)/8, 1) {
+			s.mu.Lock()
+			s.refreshRecordCache()
+			s.mu.Unlock()
+		}
 	}
 	return s, nil
 }
 
-// addLoaded indexes a lease read from a record or the journal; its
-// heartbeat is placed on the monotonic clock by its age at now. The caller
-// holds mu or has the store to itself.
-func (s *FileStore) addLoaded(l Lease, hash string, now time.Time, mono time.Duration) {
+// Close stops the store (see [Store.Close]): it stops the background
+// record-cache writer, commits what is pending, checkpoints and writes the
+// record cache.
+func (s *FileStore) Close() error {
+	s.stopRecordCache()
+	return s.store.Close()
+}
+
+// addLoaded indexes a lease read from a record or the journal and returns
+// its entry; its heartbeat is placed on the monotonic clock by its age at
+// now. The caller holds mu or has the store to itself.
+func (s *FileStore) addLoaded(l Lease, hash string, now time.Time, mono time.Duration) *entry {
 	e := &entry{lease: l, hash: hash}
 	s.fillExpiry(&e.lease)
 	age := max(now.Sub(e.lease.HeartbeatAt), 0)
 	e.hbMono = mono - age
 	s.leases[l.ID] = e
 	s.hw = max(s.hw, e.lease.Generation)
+	return e
 }
 
 func (s *FileStore) openFiles() error {
@@ -197,6 +232,14 @@ func (s *FileStore) close() {
 	if s.jnl() != nil {
 		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("closing the store: checkpoint failed; the journal is replayed at the next start", "err", err)
+		}
+		waitTimestampTick(s.lastCtime)
+		// Unless nothing changed since the cache was read or written.
+		if !s.cacheCurrent || s.cacheChanges > 0 {
+			if err := s.writeRecordCache(); err != nil {
+				s.opts.Logger.Warn("closing the store: cannot write the record cache; the next start reads every record",
+					"path", filepath.Join(s.state, recordCacheName), "err", err)
+			}
 		}
 	}
 	s.closeFiles()
@@ -286,7 +329,14 @@ func (s *FileStore) load() error {
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
-	if err := s.loadRecords(names); err != nil {
+	cache, err := readRecordCache(s.state)
+	if err != nil {
+		s.opts.Logger.Warn("ignoring the record cache: every record is read from its file", "err", err)
+	}
+	err = s.loadRecords(names, cache)
+	s.cacheCurrent = cache != nil && s.cacheMisses == 0
+	cache.close()
+	if err != nil {
 		return err
 	}
 	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
@@ -302,9 +352,9 @@ func (s *FileStore) load() error {
 		return err
 	}
 	if !s.opts.ReadOnly {
-		// Temporary files of the generation and namespaces files left by
-		// a crash mid-write.
-		for _, pattern := range []string{"." + generationName + "*", "." + namespacesName + "*"} {
+		// Temporary files of the generation, namespaces and record cache
+		// files left by a crash mid-write.
+		for _, pattern := range []string{"." + generationName + "*", "." + namespacesName + "*", "." + recordCacheName + "*"} {
 			leftovers, _ := filepath.Glob(filepath.Join(s.state, pattern))
 			for _, p := range leftovers {
 				_ = os.Remove(p)
@@ -321,30 +371,39 @@ func (s *FileStore) load() error {
 		s.served = s.loadWaiters()
 	}
 
-	// Index active leases; settle duplicates and leftovers of a previous
-	// daemon in generation order so the outcome is deterministic.
-	active := make([]*entry, 0)
-	for _, e := range s.leases {
-		if e.lease.Status == StatusActive {
-			active = append(active, e)
-		}
-	}
-	slices.SortFunc(active, func(a, b *entry) int {
+	// Index active leases. Two active records for one resource cannot both
+	// be live: the newer (by generation, then start, then id) wins, whatever
+	// the order of the directory.
+	order := func(a, b *entry) int {
 		return cmp.Or(cmp.Compare(a.lease.Generation, b.lease.Generation),
 			a.lease.StartedAt.Compare(b.lease.StartedAt), strings.Compare(a.lease.ID, b.lease.ID))
-	})
-	for _, e := range active {
+	}
+	var settle []*entry // active entries a writable store must end or rewrite
+	for _, e := range s.leases {
+		if e.lease.Status != StatusActive {
+			continue
+		}
 		if prev := s.live[e.lease.Resource]; prev != nil {
-			// Two active records for one resource cannot both be live;
-			// the newer wins.
+			if order(prev, e) > 0 {
+				settle = append(settle, e)
+				continue
+			}
 			s.dropLive(prev)
+			settle = append(settle, prev)
 		}
 		s.addLive(e)
+		if e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host || e.lease.Generation == 0 {
+			settle = append(settle, e)
+		}
 	}
 	if s.opts.ReadOnly {
 		return nil
 	}
-	for _, e := range active {
+	// Settle duplicates and leftovers of a previous daemon in generation
+	// order, so that the outcome (the generations given) is deterministic.
+	slices.SortFunc(settle, order)
+	settle = slices.Compact(settle)
+	for _, e := range settle {
 		switch {
 		case s.live[e.lease.Resource] != e:
 			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "superseded by a newer active record", true); err != nil {
@@ -360,11 +419,12 @@ func (s *FileStore) load() error {
 			// has a fencing number and an inode of its own.
 			l := e.lease
 			l.Generation = s.hw + 1
-			if err := s.disk.writeRecord(&l, e.hash); err != nil {
+			stamp, err := s.disk.writeRecord(&l, e.hash)
+			if err != nil {
 				return err
 			}
 			s.hw = l.Generation
-			e.lease = l
+			e.lease, e.disk = l, stamp
 		}
 	}
 	return nil
@@ -394,21 +454,22 @@ func writeFile(dir *os.File, path string, data []byte) error {
 // writeRecord replaces the record of l (a temporary file renamed over it,
 // visible at once) and appends it to the journal, which makes it durable
 // at the next commit (persister). The caller holds mu.
-func (s *FileStore) writeRecord(l *Lease, hash string) error {
+func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 	if err := s.journalReady(); err != nil {
-		return err
+		return recordStamp{}, err
 	}
 	data := encodeRecord(l, hash)
 	unlock, err := s.flock(unix.LOCK_EX)
 	if err != nil {
-		return err
+		return recordStamp{}, err
 	}
 	defer unlock()
-	if err := s.putRecord(l.ID, data); err != nil {
-		return err
+	stamp, err := s.putRecord(l.ID, data)
+	if err != nil {
+		return recordStamp{}, err
 	}
 	s.jnl().append(entryRecord, data)
-	return nil
+	return stamp, nil
 }
 
 // putRecord writes data as the record of lease id without fsync — the
@@ -419,19 +480,21 @@ func (s *FileStore) writeRecord(l *Lease, hash string) error {
 // record; the old record's file joins the pool. Reusing files this way
 // spares the filesystem an inode allocation per change, which costs ten
 // times the write on ext4. A failure (ENOSPC, EROFS, EIO) leaves the old
-// record in place. The caller holds mu and the store lock.
-func (s *FileStore) putRecord(id string, data []byte) error {
+// record in place. It returns the stamp of the record's file, zero if it
+// cannot be had (the record is then left out of the record cache). The
+// caller holds mu and the store lock.
+func (s *FileStore) putRecord(id string, data []byte) (recordStamp, error) {
 	path := filepath.Join(s.dir, id+".toml")
 	if err := s.checkSpace(); err != nil {
-		return &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	spare, err := s.pool.take(s.dir, s.jnl())
 	if err != nil {
-		return &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	if err := overwrite(spare, data); err != nil {
 		s.pool.discard(spare)
-		return &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
 	switch {
@@ -441,14 +504,21 @@ func (s *FileStore) putRecord(id string, data []byte) error {
 	case errors.Is(err, unix.ENOENT):
 		if err := os.Rename(spare, path); err != nil {
 			s.pool.discard(spare)
-			return &PersistError{Op: "write", Path: path, Err: err}
+			return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 		}
 	default:
 		s.pool.discard(spare)
-		return &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	s.dirty[id] = struct{}{}
-	return nil
+	s.cacheChanges++
+	// The stamp is taken after the rename, which sets the file's ctime.
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(s.dirFile.Fd()), id+".toml", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return recordStamp{}, nil
+	}
+	s.lastCtime = max(s.lastCtime, st.Ctim.Nano())
+	return stampOf(&st, data), nil
 }
 
 // minFreeBytes is the free space below which the store refuses changes
@@ -513,6 +583,7 @@ func (s *FileStore) removeRecords(ids []string) error {
 			return &PersistError{Op: "remove", Path: filepath.Join(s.dir, id+".toml"), Err: err}
 		}
 		s.dirty[id] = struct{}{}
+		s.cacheChanges++
 	}
 	s.jnl().append(entryRemoved, []byte(strings.Join(ids, "\n")))
 	return nil

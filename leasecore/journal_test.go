@@ -191,7 +191,7 @@ func TestJournalGroupCommit(t *testing.T) {
 	for _, r := range []string{"x", "y", "z"} {
 		l := Lease{ID: NewLeaseID(), Resource: r, Status: StatusActive, Mode: ModeToken, Generation: 1,
 			StartedAt: clock.Now(), HeartbeatAt: clock.Now()}
-		if err := s.disk.writeRecord(&l, HashToken(NewToken())); err != nil {
+		if _, err := s.disk.writeRecord(&l, HashToken(NewToken())); err != nil {
 			s.mu.Unlock()
 			t.Fatal(err)
 		}

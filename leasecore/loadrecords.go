@@ -3,6 +3,7 @@ package leasecore
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"path/filepath"
 	"runtime"
@@ -24,14 +25,17 @@ const loadBatch = 256
 const freeAfterLoad = 10000
 
 // loadRecords reads and decodes the records among names (the entries of
-// the leases directory) into s.leases and raises s.hw. Temporary files a
-// crash left are removed unless the store is read-only; unreadable and
-// corrupt records are logged and skipped. The work is spread over
-// GOMAXPROCS goroutines, each reading with its own buffer: opening, reading
-// and decoding a record is independent of every other. The caller holds
-// the store lock; s.mu is not needed, as nothing else sees the store yet.
-// Errors: opening the leases directory.
-func (s *FileStore) loadRecords(names []string) error {
+// the leases directory) into s.leases and raises s.hw. A record that cache
+// (the record cache, possibly nil) holds for a file whose stamp is
+// unchanged is decoded from the cache; any other is read from its file,
+// and counted in s.cacheMisses. Temporary files a crash left are removed
+// unless the store is read-only; unreadable and corrupt records are logged
+// and skipped. The work is spread over GOMAXPROCS goroutines, each reading
+// with its own buffer: opening, reading and decoding a record is
+// independent of every other. The caller holds the store lock; s.mu is not
+// needed, as nothing else sees the store yet. Errors: opening the leases
+// directory.
+func (s *FileStore) loadRecords(names []string, cache *recordCache) error {
 	dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
@@ -39,9 +43,16 @@ func (s *FileStore) loadRecords(names []string) error {
 	defer unix.Close(dirFD)
 	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
 
+	var slots []int32 // the cache entry of each name, -1 for none
+	if cache != nil {
+		if slots, err = cache.match(names); err != nil {
+			s.opts.Logger.Warn("ignoring the record cache: every record is read from its file", "err", err)
+		}
+	}
 	workers := min(runtime.GOMAXPROCS(0), max(len(names)/loadBatch, 1))
 	found := make([][]*entry, workers)
-	var next atomic.Int64
+	var next, misses atomic.Int64
+	var faulted atomic.Bool // the cache file changed under its mapping
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -49,14 +60,24 @@ func (s *FileStore) loadRecords(names []string) error {
 			defer wg.Done()
 			var buf []byte
 			intern := interner{}
+			defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 			for {
 				start := int(next.Add(loadBatch)) - loadBatch
 				if start >= len(names) {
 					return
 				}
-				for _, name := range names[start:min(start+loadBatch, len(names))] {
+				for i := start; i < min(start+loadBatch, len(names)); i++ {
+					name := names[i]
 					var e *entry
-					e, buf = s.loadRecord(dirFD, name, buf, intern.get)
+					if slots != nil && slots[i] >= 0 && !faulted.Load() {
+						e = s.loadCached(dirFD, name, cache.entry, int(slots[i]), &faulted, intern.get)
+					}
+					if e == nil {
+						e, buf = s.loadRecord(dirFD, name, buf, intern.get)
+						if e != nil {
+							misses.Add(1)
+						}
+					}
 					if e != nil {
 						age := max(now.Sub(e.lease.HeartbeatAt), 0)
 						e.hbMono = mono - age
@@ -67,6 +88,7 @@ func (s *FileStore) loadRecords(names []string) error {
 		}()
 	}
 	wg.Wait()
+	s.cacheMisses = int(misses.Load())
 
 	total := 0
 	for _, es := range found {
@@ -107,7 +129,8 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 	if !ok || ValidateLeaseID(id) != nil {
 		return nil, buf
 	}
-	data, err := readRecordAt(dirFD, name, buf)
+	var st unix.Stat_t
+	data, err := readRecordAt(dirFD, name, buf, &st)
 	if data != nil {
 		buf = data[:0]
 	}
@@ -115,32 +138,83 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 		s.opts.Logger.Warn("skipping unreadable lease record", "path", filepath.Join(s.dir, name), "err", err)
 		return nil, buf
 	}
+	e, err := s.decodeLoaded(id, data, intern)
+	if err != nil {
+		s.opts.Logger.Warn("skipping corrupt lease record", "path", filepath.Join(s.dir, name), "err", err)
+		return nil, buf
+	}
+	e.disk = stampOf(&st, data)
+	return e, buf
+}
+
+// loadCached returns the entry of record file name from its copy, entry
+// slot of the record cache, or nil when the file is not the one copied (it changed, or is gone) or the copy does not decode: the caller
+// then reads the file. The caller has set SetPanicOnFault: a fault reading
+// the mapping (the cache file was truncated under it) sets faulted and
+// returns nil. Safe for concurrent use.
+func (s *FileStore) loadCached(dirFD int, name string, entry func(int) cachedRecord, slot int, faulted *atomic.Bool, intern func([]byte) string) (e *entry) {
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			faulted.Store(true)
+			e = nil
+		}
+	}()
+	c := entry(slot)
+	var st unix.Stat_t
+	for {
+		err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || !c.stamp.sameFile(&st) {
+			return nil
+		}
+		break
+	}
+	id, _ := strings.CutSuffix(name, ".toml")
+	e, err := s.decodeLoaded(id, c.data, intern)
+	if err != nil {
+		return nil
+	}
+	c.stamp.crc = crc32.Checksum(c.data, castagnoli)
+	e.disk = c.stamp
+	return e
+}
+
+// decodeLoaded decodes the record data of lease id into a new entry with
+// its expiry filled in. Errors: the decoder's, or a lease_id that is not
+// id.
+func (s *FileStore) decodeLoaded(id string, data []byte, intern func([]byte) string) (*entry, error) {
 	e := new(entry)
+	var err error
 	e.hash, err = decodeRecordInto(&e.lease, data, intern)
 	if err == nil && e.lease.ID != id {
 		err = fmt.Errorf("lease_id %q does not match the file name", e.lease.ID)
 	}
 	if err != nil {
-		s.opts.Logger.Warn("skipping corrupt lease record", "path", filepath.Join(s.dir, name), "err", err)
-		return nil, buf
+		return nil, err
 	}
 	s.fillExpiry(&e.lease)
-	return e, buf
+	return e, nil
 }
 
 // readRecordAt reads record name of the directory open as dirFD into buf
 // (grown as needed) without following symlinks or blocking on special
-// files: only a regular file of at most maxRecordBytes is read. It makes
-// raw system calls, one open, fstat, read and close per record, and
+// files: only a regular file of at most maxRecordBytes is read. It fills
+// st with the file's attributes, taken before the read, so that a change
+// made while reading makes them differ from the file's next stamp. It
+// makes raw system calls, one open, fstat, read and close per record, and
 // registers no descriptor with the runtime's poller.
-func readRecordAt(dirFD int, name string, buf []byte) ([]byte, error) {
+func readRecordAt(dirFD int, name string, buf []byte, st *unix.Stat_t) ([]byte, error) {
 	fd, err := openat(dirFD, name)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := unix.Fstat(fd, st); err != nil {
 		return nil, &fs.PathError{Op: "fstat", Path: name, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {

@@ -23,10 +23,10 @@ func NewMemStore(opts Options) *MemStore {
 // memDisk is the persister of [MemStore]: nothing to write.
 type memDisk struct{}
 
-func (memDisk) writeRecord(*Lease, string) error          { return nil }
-func (memDisk) removeRecords([]string) error              { return nil }
-func (memDisk) saveGeneration(uint64) error               { return nil }
-func (memDisk) saveNamespaces(map[string]Namespace) error { return nil }
-func (memDisk) publishWaiters(map[string]int)             {}
-func (memDisk) close()                                    {}
-func (memDisk) await() (bool, error)                      { return false, nil }
+func (memDisk) writeRecord(*Lease, string) (recordStamp, error) { return recordStamp{}, nil }
+func (memDisk) removeRecords([]string) error                    { return nil }
+func (memDisk) saveGeneration(uint64) error                     { return nil }
+func (memDisk) saveNamespaces(map[string]Namespace) error       { return nil }
+func (memDisk) publishWaiters(map[string]int)                   {}
+func (memDisk) close()                                          {}
+func (memDisk) await() (bool, error)                            { return false, nil }

@@ -1,0 +1,477 @@
+package leasecore
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/renameio/v2"
+	"golang.org/x/sys/unix"
+)
+
+// The record cache (docs/PROTOCOL.md §4.3, "Record cache"): one file,
+// <state>/records.cache, that holds a copy of the record files together
+// with the inode number, size, mtime and ctime each file had when its copy
+// was taken. Opening a state directory reads it and stats each record
+// instead of opening and reading it — one system call instead of four,
+// and no page of the record read — and reads the record file itself when
+// its stamp differs from the copy's. The cache is never the truth: a
+// record it does not hold, or whose file changed since (a hand edit, a
+// change made after the copy), is read from its file as before, and a
+// damaged cache is ignored whole.
+//
+// Layout:
+//
+//	header:  "LEASEFS-RECCACHE" (16 bytes), version (uint32 LE, 1)
+//	entry:   inode (uint64 LE), mtime and ctime in nanoseconds since the
+//	         epoch (int64 LE each), id length (uint16 LE), record length
+//	         (uint32 LE), the lease id, the record exactly as in its file
+//	trailer: number of entries (uint32 LE), CRC-32C of everything before
+//	         the CRC (uint32 LE)
+const (
+	recordCacheName    = "records.cache"
+	recordCacheMagic   = "LEASEFS-RECCACHE"
+	recordCacheVersion = 1
+	cacheHeader        = 20
+	cacheTrailer       = 8
+	cacheEntryHeader   = 30
+	// maxRecordCache bounds the cache file read: far beyond the size of a
+	// million records.
+	maxRecordCache = 2 << 30
+	// minCachedRecords is the number of records from which a writable
+	// store keeps a record cache; below it, reading the records costs
+	// little more than reading the cache would.
+	minCachedRecords = 1000
+	// cacheChunk is how many records the background cache writer copies
+	// per hold of the store's mutex.
+	cacheChunk = 1024
+)
+
+// recordStamp identifies the content of a record file without reading it:
+// what stat(2) tells of the file, and the CRC-32C of the content that had
+// those attributes. A file whose inode, size, mtime and ctime are all
+// unchanged has not been written since (any write or rename of it sets
+// its ctime, which no caller can set back). The zero stamp means unknown.
+type recordStamp struct {
+	ino          uint64
+	size         int64
+	mtime, ctime int64 // nanoseconds since the epoch
+	crc          uint32
+}
+
+// stampOf returns the stamp of a file with attributes st and content data.
+func stampOf(st *unix.Stat_t, data []byte) recordStamp {
+	return recordStamp{
+		ino: st.Ino, size: st.Size,
+		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
+		crc: crc32.Checksum(data, castagnoli),
+	}
+}
+
+// sameFile reports whether st describes the file of stamp r, unchanged.
+func (r recordStamp) sameFile(st *unix.Stat_t) bool {
+	return r.ino != 0 && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Ino == r.ino &&
+		st.Size == r.size && st.Mtim.Nano() == r.mtime && st.Ctim.Nano() == r.ctime
+}
+
+// timestampTick bounds the granularity of file timestamps: filesystems
+// stamp changes with a coarse clock (a jiffy, 1–10 ms; since Linux 6.13
+// ext4, xfs, btrfs and tmpfs give a file stat(2) has seen a fine-grained
+// one). Two writes of a file within one tick may leave it the same mtime
+// and ctime.
+const timestampTick = 20 * time.Millisecond
+
+// waitTimestampTick returns once the wall clock is a tick past ctime (ns
+// since the epoch), the newest ctime the store stamped: a store that
+// closes sooner could leave the directory to a hand edit whose ctime
+// equals a stamp of the cache, which would then hide it.
+func waitTimestampTick(ctime int64) {
+	if d := time.Until(time.Unix(0, ctime).Add(timestampTick)); d > 0 {
+		time.Sleep(min(d, timestampTick))
+	}
+}
+
+// cachedRecord is one entry of a record cache as read.
+type cachedRecord struct {
+	stamp recordStamp
+	data  []byte // the record, a slice of the mapped cache file
+}
+
+// recordCache is a record cache as read: the file mapped into memory (its
+// pages are in the page cache, so mapping costs no copy) and the offset of
+// each entry, in the order of their lease ids. Safe for concurrent reads;
+// close unmaps it.
+type recordCache struct {
+	data    []byte
+	offsets []uint32
+}
+
+// readRecordCache maps the record cache of the state directory and checks
+// it whole. A missing cache yields nil and no error; a short, oversized,
+// damaged or unsorted one, or one of another version, yields nil and the
+// reason: the records are then read from their files. The mapping is read
+// with runtime/debug.SetPanicOnFault, so that a file truncated under it is
+// an error, not a crash.
+func readRecordCache(state string) (c *recordCache, err error) {
+	path := filepath.Join(state, recordCacheName)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() < cacheHeader+cacheTrailer || st.Size() > maxRecordCache {
+		return nil, fmt.Errorf("%s: %d bytes is no record cache", path, st.Size())
+	}
+	buf, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, &fs.PathError{Op: "mmap", Path: path, Err: err}
+	}
+	c = &recordCache{data: buf}
+	defer func() {
+		if err != nil {
+			c.close()
+			c = nil
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("%s: changed while being read", path)
+		}
+	}()
+	body, sum := buf[:len(buf)-4], binary.LittleEndian.Uint32(buf[len(buf)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return nil, fmt.Errorf("%s: bad checksum", path)
+	}
+	if string(body[:16]) != recordCacheMagic || binary.LittleEndian.Uint32(body[16:]) != recordCacheVersion {
+		return nil, fmt.Errorf("%s: not a record cache of version %d", path, recordCacheVersion)
+	}
+	n := int(binary.LittleEndian.Uint32(body[len(body)-4:]))
+	c.offsets = make([]uint32, 0, min(n, len(body)/cacheEntryHeader))
+	var prev []byte
+	for off := cacheHeader; off < len(body)-4; {
+		rest := body[off : len(body)-4]
+		if len(rest) < cacheEntryHeader {
+			return nil, fmt.Errorf("%s: truncated entry", path)
+		}
+		idLen := int(binary.LittleEndian.Uint16(rest[24:]))
+		dataLen := int(binary.LittleEndian.Uint32(rest[26:]))
+		if cacheEntryHeader+idLen+dataLen > len(rest) || dataLen > maxRecordBytes {
+			return nil, fmt.Errorf("%s: truncated entry", path)
+		}
+		id := rest[cacheEntryHeader : cacheEntryHeader+idLen]
+		if prev != nil && bytes.Compare(prev, id) >= 0 {
+			return nil, fmt.Errorf("%s: entries out of order", path)
+		}
+		prev = id
+		c.offsets = append(c.offsets, uint32(off))
+		off += cacheEntryHeader + idLen + dataLen
+	}
+	if len(c.offsets) != n {
+		return nil, fmt.Errorf("%s: %d entries, the trailer says %d", path, len(c.offsets), n)
+	}
+	return c, nil
+}
+
+// match sorts names (the entries of the leases directory) and returns,
+// for each, the index of its record's entry in the cache, or -1: one pass
+// over both in order, which reads the cache sequentially. A fault reading
+// the mapping (the file truncated under it) is an error.
+func (c *recordCache) match(names []string) (slots []int32, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, ok := r.(interface{ Addr() uintptr }); !ok {
+				panic(r)
+			}
+			slots, err = nil, errors.New("the record cache changed while being read")
+		}
+	}()
+	slices.Sort(names)
+	slots = make([]int32, len(names))
+	j := 0
+	for i, name := range names {
+		slots[i] = -1
+		id, ok := strings.CutSuffix(name, ".toml")
+		if !ok {
+			continue
+		}
+		for j < len(c.offsets) {
+			d := compareBytesString(c.id(j), id)
+			if d >= 0 {
+				if d == 0 {
+					slots[i] = int32(j)
+					j++
+				}
+				break
+			}
+			j++
+		}
+	}
+	return slots, nil
+}
+
+// id returns the lease id of entry i.
+func (c *recordCache) id(i int) []byte {
+	e := c.data[c.offsets[i]:]
+	return e[cacheEntryHeader : cacheEntryHeader+int(binary.LittleEndian.Uint16(e[24:]))]
+}
+
+// entry returns entry i. The caller reads the mapping with
+// SetPanicOnFault set.
+func (c *recordCache) entry(i int) cachedRecord {
+	e := c.data[c.offsets[i]:]
+	idLen := int(binary.LittleEndian.Uint16(e[24:]))
+	dataLen := int(binary.LittleEndian.Uint32(e[26:]))
+	data := e[cacheEntryHeader+idLen : cacheEntryHeader+idLen+dataLen : cacheEntryHeader+idLen+dataLen]
+	return cachedRecord{
+		stamp: recordStamp{
+			ino:   binary.LittleEndian.Uint64(e),
+			mtime: int64(binary.LittleEndian.Uint64(e[8:])),
+			ctime: int64(binary.LittleEndian.Uint64(e[16:])),
+			size:  int64(dataLen),
+		},
+		data: data,
+	}
+}
+
+// compareBytesString compares b and s as strings, without converting.
+func compareBytesString(b []byte, s string) int {
+	for i := 0; i < len(b) && i < len(s); i++ {
+		if b[i] != s[i] {
+			return cmp.Compare(b[i], s[i])
+		}
+	}
+	return cmp.Compare(len(b), len(s))
+}
+
+// close unmaps the cache; nothing read from it may be used after.
+func (c *recordCache) close() {
+	if c != nil && c.data != nil {
+		_ = unix.Munmap(c.data)
+		c.data = nil
+	}
+}
+
+// cacheWriter writes a record cache: a pending file in the state
+// directory, renamed over the cache when complete. Not safe for concurrent
+// use.
+type cacheWriter struct {
+	pf    *renameio.PendingFile
+	w     *bufio.Writer
+	count uint32
+	crc   uint32 // of everything written so far
+	err   error
+}
+
+func newCacheWriter(state string) (*cacheWriter, error) {
+	pf, err := renameio.NewPendingFile(filepath.Join(state, recordCacheName),
+		renameio.WithTempDir(state), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return nil, err
+	}
+	c := &cacheWriter{pf: pf, w: bufio.NewWriterSize(pf, 256<<10)}
+	var h [cacheHeader]byte
+	copy(h[:], recordCacheMagic)
+	binary.LittleEndian.PutUint32(h[16:], recordCacheVersion)
+	c.write(h[:])
+	return c, nil
+}
+
+func (c *cacheWriter) write(b []byte) {
+	if c.err == nil {
+		c.crc = crc32.Update(c.crc, castagnoli, b)
+		_, c.err = c.w.Write(b)
+	}
+}
+
+// add appends the record data of lease id, whose file has stamp st.
+func (c *cacheWriter) add(id string, st recordStamp, data []byte) {
+	var h [cacheEntryHeader]byte
+	binary.LittleEndian.PutUint64(h[0:], st.ino)
+	binary.LittleEndian.PutUint64(h[8:], uint64(st.mtime))
+	binary.LittleEndian.PutUint64(h[16:], uint64(st.ctime))
+	binary.LittleEndian.PutUint16(h[24:], uint16(len(id)))
+	binary.LittleEndian.PutUint32(h[26:], uint32(len(data)))
+	c.write(h[:])
+	c.write([]byte(id))
+	c.write(data)
+	c.count++
+}
+
+// commit completes the cache and replaces the previous one (fsync and
+// rename); abort discards it.
+func (c *cacheWriter) commit() error {
+	var t [cacheTrailer]byte
+	binary.LittleEndian.PutUint32(t[:], c.count)
+	c.write(t[:4])
+	binary.LittleEndian.PutUint32(t[4:], c.crc)
+	if c.err == nil {
+		_, c.err = c.w.Write(t[4:])
+	}
+	if c.err == nil {
+		c.err = c.w.Flush()
+	}
+	if c.err == nil {
+		c.err = c.pf.CloseAtomicallyReplace()
+	}
+	c.abort()
+	return c.err
+}
+
+func (c *cacheWriter) abort() { _ = c.pf.Cleanup() }
+
+// cacheable returns the record of e as its file holds it, when the store
+// knows that file's stamp: e's record encoded anew matches the content
+// last written to or read from the file. A record ended in memory only, or
+// loaded from a hand-written file, is not cacheable.
+func cacheable(e *entry) ([]byte, bool) {
+	if e.disk.ino == 0 {
+		return nil, false
+	}
+	data := encodeRecord(&e.lease, e.hash)
+	if int64(len(data)) != e.disk.size || crc32.Checksum(data, castagnoli) != e.disk.crc {
+		return nil, false
+	}
+	return data, true
+}
+
+// writeRecordCache writes the cache of every cacheable record, or removes
+// the cache when the store has fewer than minCached records. Used when the
+// store closes; the caller holds mu. Errors: creating or writing the file
+// (the previous cache is then left, still checked record by record).
+func (s *FileStore) writeRecordCache() error {
+	if len(s.leases) < s.minCached {
+		if err := os.Remove(filepath.Join(s.state, recordCacheName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	c, err := newCacheWriter(s.state)
+	if err != nil {
+		return err
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.leases)) {
+		if data, ok := cacheable(s.leases[id]); ok {
+			c.add(id, s.leases[id].disk, data)
+		}
+	}
+	return c.commit()
+}
+
+// refreshRecordCache starts writing the record cache in the background,
+// unless a writer runs or the store is closing: after a start that found
+// few records in the cache, and once many records have changed since the
+// cache was last written, so that "leasefs ls" while the daemon runs reads
+// it too. The writer copies cacheChunk records per hold of mu; each entry
+// is consistent on its own (a record and the stamp of its file, taken
+// together), which is all the cache needs. The caller holds mu.
+func (s *FileStore) refreshRecordCache() {
+	if s.cacheDone != nil || s.cacheStop || s.opts.ReadOnly || len(s.leases) < s.minCached {
+		return
+	}
+	ids := slices.Collect(maps.Keys(s.leases))
+	s.cacheChanges = 0
+	done := make(chan struct{})
+	s.cacheDone = done
+	go func() {
+		defer close(done)
+		slices.Sort(ids) // the cache is in id order
+		err := s.writeCacheChunks(ids)
+		s.mu.Lock()
+		s.cacheDone = nil
+		if err == nil {
+			// Changes made while it ran are counted in cacheChanges.
+			s.cacheCurrent = true
+		}
+		s.mu.Unlock()
+		if err != nil && !errors.Is(err, errCacheStopped) {
+			s.opts.Logger.Warn("cannot write the record cache; the next start reads every record", "path", filepath.Join(s.state, recordCacheName), "err", err)
+		}
+	}()
+}
+
+var errCacheStopped = errors.New("store closing")
+
+// writeCacheChunks writes the cache of the records of ids that still exist
+// and are cacheable. It takes mu per chunk and gives up when the store is
+// closing (errCacheStopped).
+func (s *FileStore) writeCacheChunks(ids []string) error {
+	c, err := newCacheWriter(s.state)
+	if err != nil {
+		return err
+	}
+	var buf []byte
+	type item struct {
+		id   string
+		st   recordStamp
+		from int
+	}
+	var items []item
+	for len(ids) > 0 {
+		chunk := ids[:min(cacheChunk, len(ids))]
+		ids = ids[len(chunk):]
+		buf, items = buf[:0], items[:0]
+		s.mu.Lock()
+		if s.cacheStop {
+			s.mu.Unlock()
+			c.abort()
+			return errCacheStopped
+		}
+		for _, id := range chunk {
+			if e := s.leases[id]; e != nil {
+				if data, ok := cacheable(e); ok {
+					items = append(items, item{id, e.disk, len(buf)})
+					buf = append(buf, data...)
+				}
+			}
+		}
+		s.mu.Unlock()
+		for i, it := range items {
+			end := len(buf)
+			if i+1 < len(items) {
+				end = items[i+1].from
+			}
+			c.add(it.id, it.st, buf[it.from:end])
+		}
+		if c.err != nil {
+			c.abort()
+			return c.err
+		}
+	}
+	return c.commit()
+}
+
+// stopRecordCache stops a background cache writer and waits for it. The
+// caller must not hold mu.
+func (s *FileStore) stopRecordCache() {
+	s.mu.Lock()
+	s.cacheStop = true
+	done := s.cacheDone
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}

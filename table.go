@@ -1,0 +1,79 @@
+package main
+
+import (
+	"io"
+	"strconv"
+	"unicode/utf8"
+)
+
+// table lays out the rows of "ls" and "history" as text/tabwriter does
+// with padding 2 and spaces (every column but the last as wide as its
+// widest cell plus two), in one buffer: a listing of 100,000 leases
+// formats in a fraction of the time text/tabwriter takes, which keeps a
+// cell per allocation. Widths count runes. Not safe for concurrent use.
+type table struct {
+	buf    []byte // the cells, back to back
+	ends   []int  // the end of each cell in buf
+	widths []int  // per column, in runes
+	cols   int
+}
+
+// newTable starts a table with the header's columns and room for about
+// rows rows.
+func newTable(rows int, header ...string) *table {
+	t := &table{cols: len(header), widths: make([]int, len(header)),
+		buf: make([]byte, 0, (rows+1)*len(header)*12), ends: make([]int, 0, (rows+1)*len(header))}
+	for _, h := range header {
+		t.text(h)
+	}
+	return t
+}
+
+// cell ends the current cell, appended to buf by the caller.
+func (t *table) cell(start int) {
+	col := len(t.ends) % t.cols
+	t.widths[col] = max(t.widths[col], utf8.RuneCount(t.buf[start:]))
+	t.ends = append(t.ends, len(t.buf))
+}
+
+func (t *table) text(s string) {
+	start := len(t.buf)
+	t.buf = append(t.buf, s...)
+	t.cell(start)
+}
+
+func (t *table) uint(n uint64) {
+	start := len(t.buf)
+	t.buf = strconv.AppendUint(t.buf, n, 10)
+	t.cell(start)
+}
+
+func (t *table) int(n int64) {
+	start := len(t.buf)
+	t.buf = strconv.AppendInt(t.buf, n, 10)
+	t.cell(start)
+}
+
+// write writes the table to w, a line per row.
+func (t *table) write(w io.Writer) error {
+	var line []byte
+	from := 0
+	for i, end := range t.ends {
+		col := i % t.cols
+		c := t.buf[from:end]
+		from = end
+		line = append(line, c...)
+		if col == t.cols-1 {
+			line = append(line, '\n')
+			if _, err := w.Write(line); err != nil {
+				return err
+			}
+			line = line[:0]
+			continue
+		}
+		for pad := t.widths[col] + 2 - utf8.RuneCount(c); pad > 0; pad-- {
+			line = append(line, ' ')
+		}
+	}
+	return nil
+}
