@@ -66,15 +66,15 @@ const (
 // its ctime, which no caller can set back). The zero stamp means unknown.
 type recordStamp struct {
 	ino          uint64
-	size         int64
-	mtime, ctime int64 // nanoseconds since the epoch
+	mtime, ctime int64  // nanoseconds since the epoch
+	size         uint32 // bytes; a record has at most maxRecordBytes
 	crc          uint32
 }
 
 // stampOf returns the stamp of a file with attributes st and content data.
 func stampOf(st *unix.Stat_t, data []byte) recordStamp {
 	return recordStamp{
-		ino: st.Ino, size: st.Size,
+		ino: st.Ino, size: uint32(min(st.Size, maxRecordBytes+1)),
 		mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(),
 		crc: crc32.Checksum(data, castagnoli),
 	}
@@ -83,7 +83,7 @@ func stampOf(st *unix.Stat_t, data []byte) recordStamp {
 // sameFile reports whether st describes the file of stamp r, unchanged.
 func (r recordStamp) sameFile(st *unix.Stat_t) bool {
 	return r.ino != 0 && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Ino == r.ino &&
-		st.Size == r.size && st.Mtim.Nano() == r.mtime && st.Ctim.Nano() == r.ctime
+		st.Size == int64(r.size) && st.Mtim.Nano() == r.mtime && st.Ctim.Nano() == r.ctime
 }
 
 // timestampTick bounds the granularity of file timestamps: filesystems
@@ -251,7 +251,7 @@ func (c *recordCache) entry(i int) cachedRecord {
 			ino:   binary.LittleEndian.Uint64(e),
 			mtime: int64(binary.LittleEndian.Uint64(e[8:])),
 			ctime: int64(binary.LittleEndian.Uint64(e[16:])),
-			size:  int64(dataLen),
+			size:  uint32(dataLen),
 		},
 		data: data,
 	}
@@ -352,7 +352,7 @@ func cacheable(e *entry) ([]byte, bool) {
 		return nil, false
 	}
 	data := encodeRecord(&e.lease, e.hash)
-	if int64(len(data)) != e.disk.size || crc32.Checksum(data, castagnoli) != e.disk.crc {
+	if len(data) != int(e.disk.size) || crc32.Checksum(data, castagnoli) != e.disk.crc {
 		return nil, false
 	}
 	return data, true
