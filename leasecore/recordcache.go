@@ -126,7 +126,9 @@ type recordCache struct {
 // an error, not a crash.
 func readRecordCache(state string) (c *recordCache, err error) {
 	path := filepath.Join(state, recordCacheName)
-	f, err := os.Open(path)
+	// Neither a symlink followed nor a FIFO waited on: only a regular file
+	// is a cache.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -137,6 +139,9 @@ func readRecordCache(state string) (c *recordCache, err error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
 	}
 	if st.Size() < cacheHeader+cacheTrailer || st.Size() > maxRecordCache {
 		return nil, fmt.Errorf("%s: %d bytes is no record cache", path, st.Size())

@@ -6,11 +6,16 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
+	"golang.org/x/sys/unix"
 )
 
 // cachedStore opens the store in state keeping a record cache however few
@@ -189,9 +194,9 @@ func mapsEqual(a, b map[string]int) bool {
 	return true
 }
 
-// TestRecordCacheDamagedIsIgnored: a cache that is truncated, corrupted or
-// of another version is ignored whole, with one warning, and every record
-// is read from its file.
+// TestRecordCacheDamagedIsIgnored: a cache that is truncated, corrupted,
+// of another version or not a regular file is ignored whole, with one
+// warning, and every record is read from its file.
 func TestRecordCacheDamagedIsIgnored(t *testing.T) {
 	t.Parallel()
 	clock := clocktest.NewFakeClock(testStart)
@@ -212,13 +217,27 @@ func TestRecordCacheDamagedIsIgnored(t *testing.T) {
 	flipped[len(flipped)/2] ^= 0x40
 	version := bytes.Clone(good)
 	version[16] = 9
-	for name, data := range map[string][]byte{
-		"truncated": good[:len(good)-3],
-		"flipped":   flipped,
-		"version":   version,
-		"empty":     {},
+	write := func(data []byte) func() error {
+		return func() error { return os.WriteFile(path, data, 0o600) }
+	}
+	target := filepath.Join(t.TempDir(), "cache")
+	if err := os.WriteFile(target, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, plant := range map[string]func() error{
+		"truncated": write(good[:len(good)-3]),
+		"flipped":   write(flipped),
+		"version":   write(version),
+		"empty":     write(nil),
+		// Neither waited on nor followed.
+		"fifo":      func() error { return unix.Mkfifo(path, 0o600) },
+		"directory": func() error { return os.Mkdir(path, 0o700) },
+		"symlink":   func() error { return os.Symlink(target, path) },
 	} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
+		if err := os.RemoveAll(path); err != nil {
+			t.Fatal(err)
+		}
+		if err := plant(); err != nil {
 			t.Fatal(err)
 		}
 		var log syncbuf.Buffer
@@ -373,5 +392,54 @@ func TestRecordCacheSeesChangesSinceItWasWritten(t *testing.T) {
 	}
 	if got := holders(t, ro); len(got) != 4 || got["x"] != 0 {
 		t.Errorf("live leases = %v, want a, c, y, z", got)
+	}
+}
+
+// TestRecordCacheTruncatedWhileMapped: a cache file truncated while it is
+// mapped faults on access; the fault is an error for the matching pass and
+// a miss for a record's copy, never a crash.
+func TestRecordCacheTruncatedWhileMapped(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.NewFakeClock(testStart)
+	state := t.TempDir()
+	s := cachedStore(t, state, clock, Options{})
+	var names []string
+	for i := range 200 {
+		g := reserve(t, s, "r"+strings.Repeat("x", 200)+string(rune('a'+i%26))+strconv.Itoa(i))
+		names = append(names, g.Lease.ID+".toml")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := readRecordCache(state)
+	if err != nil || c == nil {
+		t.Fatalf("readRecordCache = %v, %v", c, err)
+	}
+	defer c.close()
+	slots, err := c.match(slices.Clone(names))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := int(slots[len(slots)-1])
+	if err := os.Truncate(filepath.Join(state, recordCacheName), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.match(slices.Clone(names)); err == nil {
+		t.Error("match over a truncated mapping: no error")
+	}
+	s = cachedStore(t, state, clock, Options{ReadOnly: true})
+	dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(dirFD)
+	var faulted atomic.Bool
+	done := make(chan *entry)
+	go func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		done <- s.loadCached(dirFD, names[0], c.entry, last, &faulted, nil)
+	}()
+	if e := <-done; e != nil || !faulted.Load() {
+		t.Errorf("loadCached over a truncated mapping = %v, faulted %v; want nil, true", e, faulted.Load())
 	}
 }
