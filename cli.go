@@ -353,18 +353,18 @@ key of each lease's status document.`,
 				return err
 			}
 			defer s.Close()
-			leases, err := s.List(cmd.Context())
-			if err != nil {
-				return err
-			}
 			out := bufio.NewWriterSize(stdout, 64<<10)
 			defer out.Flush()
 			if asJSON {
+				leases, err := s.List(cmd.Context())
+				if err != nil {
+					return err
+				}
 				return flushed(out, writeJSON(out, leases))
 			}
 			now := time.Now()
-			t := newTable(len(leases), "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
-			for _, l := range leases {
+			t := newTable(1024, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
+			row := func(l *leasecore.Lease) error {
 				expires := "-"
 				if !l.ExpiresAt.IsZero() {
 					expires = age(l.ExpiresAt.Sub(now))
@@ -376,6 +376,23 @@ key of each lease's status document.`,
 				t.uint(l.Generation)
 				t.text(age(now.Sub(l.StartedAt)))
 				t.text(expires)
+				return nil
+			}
+			// The file store lists without copying every lease first.
+			if each, ok := s.(interface {
+				EachLive(context.Context, func(*leasecore.Lease) error) error
+			}); ok {
+				if err := each.EachLive(cmd.Context(), row); err != nil {
+					return err
+				}
+			} else {
+				leases, err := s.List(cmd.Context())
+				if err != nil {
+					return err
+				}
+				for i := range leases {
+					_ = row(&leases[i])
+				}
 			}
 			return flushed(out, t.write(out))
 		},
