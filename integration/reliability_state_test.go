@@ -73,7 +73,7 @@ var tokenHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // stateDirFiles are the files a state directory may hold besides records.
 var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true,
-	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true}
+	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true, "records.cache": true}
 
 // scan inspects the state directory while no daemon runs: every record
 // version not seen before must parse and be well formed, no file may contain

@@ -329,7 +329,7 @@ func (s *FileStore) load() error {
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
-	cache, err := readRecordCache(s.state)
+	cache, err := readRecordCache(s.state, len(names))
 	if err != nil {
 		s.opts.Logger.Warn("ignoring the record cache: every record is read from its file", "err", err)
 	}

@@ -34,7 +34,11 @@ import (
 // Entries follow the header back to back. Replay reads entries until the
 // first one that is short, zero-length, oversized or fails its checksum: that
 // is the end of the journal (a torn tail of a crash mid-write, or an older
-// epoch's leftovers), and everything from there on is ignored.
+// epoch's leftovers), and everything from there on is ignored. Every write
+// (a commit's entries, a new epoch's header) ends with eight zero bytes,
+// which the next commit overwrites: valid entries followed by a zero
+// length are a clean end, whatever older epochs left further on; valid
+// entries followed by anything else are a torn tail.
 //
 // The two files take turns. When the active one passes checkpointBytes,
 // the other starts the next epoch and takes the appends, while a background
@@ -76,6 +80,9 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// endMark follows the last entry of every write: a zero entry length.
+var endMark [entryHeader]byte
+
 // journal appends entries and makes them durable in groups. append is
 // called with the store's mutex held; await by any goroutine without it.
 // Safe for concurrent use.
@@ -113,9 +120,9 @@ type journalEntry struct {
 
 // openJournal opens (creating when create) the journal at path and returns
 // it with the entries of its current epoch. A missing journal with !create
-// is (nil, nil, nil). torn reports bytes after the last valid entry that
-// are not zero: a tail torn by a crash mid-write, or an older epoch's
-// entries. Errors: the file's open, read or header errors.
+// is (nil, nil, nil). torn reports that the last valid entry is followed
+// neither by an end mark (zeros) nor by an older epoch's entry: a tail torn
+// by a crash mid-write, or damage. Errors: the file's open, read or header errors.
 func openJournal(path string, create bool) (j *journal, entries []journalEntry, torn bool, err error) {
 	flags := os.O_RDONLY
 	if create {
@@ -171,13 +178,14 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 		off += n
 	}
 	j.off = int64(off)
-	torn = len(bytes.Trim(data[off:], "\x00")) > 0 && !olderEntry(data[off:], epoch)
+	rest := data[off:]
+	torn = len(bytes.Trim(rest[:min(len(rest), entryHeader)], "\x00")) > 0 && !olderEntry(rest, epoch)
 	return j, entries, torn, nil
 }
 
 // olderEntry reports whether data starts with a valid entry of one of the
-// epochs before epoch: what a reused journal file holds after the entries
-// of its current epoch.
+// eight epochs before epoch: what a journal file written before end marks
+// were holds after the entries of its current epoch.
 func olderEntry(data []byte, epoch uint64) bool {
 	for e := epoch - 1; e+8 >= epoch && e < epoch; e-- {
 		if _, n := parseEntry(data, e); n > 0 {
@@ -282,14 +290,14 @@ func (j *journal) await(seq uint64) (waited bool, err error) {
 		j.buf = nil
 		j.syncing = true
 		j.mu.Unlock()
-		err := j.write(buf, off)
+		err := j.write(append(buf, endMark[:]...), off)
 		j.mu.Lock()
 		j.syncing = false
 		j.ncommits++
 		if err != nil {
 			j.err = &PersistError{Op: "sync", Path: j.f.Name(), Err: err}
 		} else {
-			j.off += int64(len(buf))
+			j.off += int64(len(buf)) // the end mark is overwritten next
 			j.durable = last
 		}
 		j.cond.Broadcast()
@@ -337,7 +345,7 @@ func (j *journal) reset(epoch, seq uint64) error {
 	binary.LittleEndian.PutUint32(h[16:], journalVersion)
 	binary.LittleEndian.PutUint64(h[20:], epoch)
 	binary.LittleEndian.PutUint32(h[28:], crc32.Checksum(h[:28], castagnoli))
-	if err := j.write(h[:], 0); err != nil {
+	if err := j.write(append(h[:], endMark[:]...), 0); err != nil {
 		j.err = &PersistError{Op: "sync", Path: j.f.Name(), Err: err}
 		j.cond.Broadcast()
 		return j.err

@@ -152,7 +152,7 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 // then reads the file. The caller has set SetPanicOnFault: a fault reading
 // the mapping (the cache file was truncated under it) sets faulted and
 // returns nil. Safe for concurrent use.
-func (s *FileStore) loadCached(dirFD int, name string, entry func(int) cachedRecord, slot int, faulted *atomic.Bool, intern func([]byte) string) (e *entry) {
+func (s *FileStore) loadCached(dirFD int, name string, entry func(int) (cachedRecord, bool), slot int, faulted *atomic.Bool, intern func([]byte) string) (e *entry) {
 	defer func() {
 		if r := recover(); r != nil {
 			if _, ok := r.(interface{ Addr() uintptr }); !ok {
@@ -162,7 +162,11 @@ func (s *FileStore) loadCached(dirFD int, name string, entry func(int) cachedRec
 			e = nil
 		}
 	}()
-	c := entry(slot)
+	c, ok := entry(slot)
+	if !ok {
+		faulted.Store(true)
+		return nil
+	}
 	var st unix.Stat_t
 	for {
 		err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW)

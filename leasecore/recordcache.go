@@ -50,6 +50,10 @@ const (
 	// maxRecordCache bounds the cache file read: far beyond the size of a
 	// million records.
 	maxRecordCache = 2 << 30
+	// maxCachedBytes bounds the size of an entry on average: a cache
+	// larger than this per record file (a hostile or sparse file) is not
+	// read. Records leasefs writes take under 1 KiB.
+	maxCachedBytes = 8 << 10
 	// minCachedRecords is the number of records from which a writable
 	// store keeps a record cache; below it, reading the records costs
 	// little more than reading the cache would.
@@ -118,13 +122,14 @@ type recordCache struct {
 	offsets []uint32
 }
 
-// readRecordCache maps the record cache of the state directory and checks
-// it whole. A missing cache yields nil and no error; a short, oversized,
-// damaged or unsorted one, or one of another version, yields nil and the
-// reason: the records are then read from their files. The mapping is read
-// with runtime/debug.SetPanicOnFault, so that a file truncated under it is
-// an error, not a crash.
-func readRecordCache(state string) (c *recordCache, err error) {
+// readRecordCache maps the record cache of the state directory, whose
+// leases directory has files record files, and checks it whole. A missing
+// cache yields nil and no error; a short, damaged or unsorted one, one of
+// another version, or one larger than maxCachedBytes per record file
+// yields nil and the reason: the records are then read from their files.
+// The mapping is read with runtime/debug.SetPanicOnFault, so that a file
+// truncated under it is an error, not a crash; see also [recordCache.entry].
+func readRecordCache(state string, files int) (c *recordCache, err error) {
 	path := filepath.Join(state, recordCacheName)
 	// Neither a symlink followed nor a FIFO waited on: only a regular file
 	// is a cache.
@@ -143,8 +148,9 @@ func readRecordCache(state string) (c *recordCache, err error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
 	}
-	if st.Size() < cacheHeader+cacheTrailer || st.Size() > maxRecordCache {
-		return nil, fmt.Errorf("%s: %d bytes is no record cache", path, st.Size())
+	limit := min(int64(files+1024)*maxCachedBytes, maxRecordCache)
+	if st.Size() < cacheHeader+cacheTrailer || st.Size() > limit {
+		return nil, fmt.Errorf("%s: %d bytes is no record cache for %d record files", path, st.Size(), files)
 	}
 	buf, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
@@ -167,6 +173,11 @@ func readRecordCache(state string) (c *recordCache, err error) {
 		}
 	}()
 	body, sum := buf[:len(buf)-4], binary.LittleEndian.Uint32(buf[len(buf)-4:])
+	// The count first: a file of zeros (a sparse one) is refused without
+	// reading it all.
+	if n := int64(binary.LittleEndian.Uint32(body[len(body)-4:])); n*cacheEntryHeader > int64(len(body)) || n == 0 {
+		return nil, fmt.Errorf("%s: a count of %d entries does not fit its %d bytes", path, n, len(buf))
+	}
 	if crc32.Checksum(body, castagnoli) != sum {
 		return nil, fmt.Errorf("%s: bad checksum", path)
 	}
@@ -224,7 +235,11 @@ func (c *recordCache) match(names []string) (slots []int32, err error) {
 			continue
 		}
 		for j < len(c.offsets) {
-			d := compareBytesString(c.id(j), id)
+			cid, ok := c.id(j)
+			if !ok {
+				return nil, errors.New("the record cache changed while being read")
+			}
+			d := compareBytesString(cid, id)
 			if d >= 0 {
 				if d == 0 {
 					slots[i] = int32(j)
@@ -238,18 +253,36 @@ func (c *recordCache) match(names []string) (slots []int32, err error) {
 	return slots, nil
 }
 
-// id returns the lease id of entry i.
-func (c *recordCache) id(i int) []byte {
+// id returns the lease id of entry i, or false when the mapped bytes no
+// longer hold an entry there (see entry).
+func (c *recordCache) id(i int) ([]byte, bool) {
 	e := c.data[c.offsets[i]:]
-	return e[cacheEntryHeader : cacheEntryHeader+int(binary.LittleEndian.Uint16(e[24:]))]
+	if len(e) < cacheEntryHeader {
+		return nil, false
+	}
+	idLen := int(binary.LittleEndian.Uint16(e[24:]))
+	if cacheEntryHeader+idLen > len(e) {
+		return nil, false
+	}
+	return e[cacheEntryHeader : cacheEntryHeader+idLen], true
 }
 
-// entry returns entry i. The caller reads the mapping with
-// SetPanicOnFault set.
-func (c *recordCache) entry(i int) cachedRecord {
+// entry returns entry i, or false when the mapped bytes no longer hold an
+// entry there: the file was rewritten in place after it was checked (cp
+// over it), so its lengths may now point anywhere. An entry that is still
+// whole is consistent on its own — a stamp and the content it belongs to —
+// whichever file wrote it, so it may be used. The caller reads the mapping
+// with SetPanicOnFault set.
+func (c *recordCache) entry(i int) (cachedRecord, bool) {
 	e := c.data[c.offsets[i]:]
+	if len(e) < cacheEntryHeader {
+		return cachedRecord{}, false
+	}
 	idLen := int(binary.LittleEndian.Uint16(e[24:]))
 	dataLen := int(binary.LittleEndian.Uint32(e[26:]))
+	if dataLen > maxRecordBytes || cacheEntryHeader+idLen+dataLen > len(e) {
+		return cachedRecord{}, false
+	}
 	data := e[cacheEntryHeader+idLen : cacheEntryHeader+idLen+dataLen : cacheEntryHeader+idLen+dataLen]
 	return cachedRecord{
 		stamp: recordStamp{
@@ -259,7 +292,7 @@ func (c *recordCache) entry(i int) cachedRecord {
 			size:  uint32(dataLen),
 		},
 		data: data,
-	}
+	}, true
 }
 
 // compareBytesString compares b and s as strings, without converting.

@@ -395,51 +395,97 @@ func TestRecordCacheSeesChangesSinceItWasWritten(t *testing.T) {
 	}
 }
 
-// TestRecordCacheTruncatedWhileMapped: a cache file truncated while it is
-// mapped faults on access; the fault is an error for the matching pass and
-// a miss for a record's copy, never a crash.
-func TestRecordCacheTruncatedWhileMapped(t *testing.T) {
-	t.Parallel()
-	clock := clocktest.NewFakeClock(testStart)
+// cacheOf writes a record cache of n records with resources of width w in
+// a new state directory and returns the directory and the record files'
+// names.
+func cacheOf(t *testing.T, clock *clocktest.FakeClock, n, w int) (string, []string) {
+	t.Helper()
 	state := t.TempDir()
 	s := cachedStore(t, state, clock, Options{})
 	var names []string
-	for i := range 200 {
-		g := reserve(t, s, "r"+strings.Repeat("x", 200)+string(rune('a'+i%26))+strconv.Itoa(i))
+	for i := range n {
+		g := reserve(t, s, strings.Repeat("x", w)+strconv.Itoa(i))
 		names = append(names, g.Lease.ID+".toml")
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := readRecordCache(state)
-	if err != nil || c == nil {
-		t.Fatalf("readRecordCache = %v, %v", c, err)
-	}
-	defer c.close()
-	slots, err := c.match(slices.Clone(names))
+	return state, names
+}
+
+// TestRecordCacheChangedWhileMapped: a cache file truncated, or rewritten
+// in place with another cache's bytes (cp over it), while it is mapped is
+// an error for the matching pass and a miss for a record's copy, never a
+// crash: a fault is caught, and lengths that no longer fit are checked.
+func TestRecordCacheChangedWhileMapped(t *testing.T) {
+	t.Parallel()
+	clock := clocktest.NewFakeClock(testStart)
+	otherState, _ := cacheOf(t, clock, 150, 250) // longer records, another layout
+	otherCache, err := os.ReadFile(filepath.Join(otherState, recordCacheName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	last := int(slots[len(slots)-1])
-	if err := os.Truncate(filepath.Join(state, recordCacheName), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.match(slices.Clone(names)); err == nil {
-		t.Error("match over a truncated mapping: no error")
-	}
-	s = cachedStore(t, state, clock, Options{ReadOnly: true})
-	dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(dirFD)
-	var faulted atomic.Bool
-	done := make(chan *entry)
-	go func() {
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		done <- s.loadCached(dirFD, names[0], c.entry, last, &faulted, nil)
-	}()
-	if e := <-done; e != nil || !faulted.Load() {
-		t.Errorf("loadCached over a truncated mapping = %v, faulted %v; want nil, true", e, faulted.Load())
+	for _, change := range []string{"truncated", "rewritten"} {
+		t.Run(change, func(t *testing.T) {
+			t.Parallel()
+			state, names := cacheOf(t, clock, 200, 60)
+			path := filepath.Join(state, recordCacheName)
+			c, err := readRecordCache(state, len(names))
+			if err != nil || c == nil {
+				t.Fatalf("readRecordCache = %v, %v", c, err)
+			}
+			defer c.close()
+			slots, err := c.match(slices.Clone(names))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if change == "truncated" {
+				err = os.Truncate(path, 0)
+			} else {
+				var f *os.File
+				if f, err = os.OpenFile(path, os.O_WRONLY, 0); err == nil {
+					_, err = f.WriteAt(otherCache, 0)
+					f.Close()
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if change == "truncated" {
+				if _, err := c.match(slices.Clone(names)); err == nil {
+					t.Error("match over a truncated mapping: no error")
+				}
+			}
+			s := cachedStore(t, state, clock, Options{ReadOnly: true})
+			dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(dirFD)
+			var faulted atomic.Bool
+			done := make(chan int)
+			go func() {
+				defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+				hits := 0
+				for i, name := range names {
+					// An entry still whole where it was checked is
+					// consistent and may be used, if it is this file's.
+					if e := s.loadCached(dirFD, name, c.entry, int(slots[i]), &faulted, nil); e != nil {
+						hits++
+						if e.lease.ID+".toml" != name {
+							t.Errorf("%s: the copy of another record: %s", name, e.lease.ID)
+						}
+					}
+				}
+				done <- hits
+			}()
+			hits := <-done
+			if !faulted.Load() {
+				t.Errorf("loadCached over a %s mapping: never faulted (%d hits)", change, hits)
+			}
+			if change == "truncated" && hits != 0 {
+				t.Errorf("loadCached over a truncated mapping: %d hits, want 0", hits)
+			}
+		})
 	}
 }
