@@ -197,6 +197,19 @@ func TestReliabilityCheckerCatchesViolations(t *testing.T) {
 			rules: []string{"unexpected result"},
 		},
 		{
+			name: "token read after its lease expired in a stall",
+			build: func(s *synthetic) {
+				s.op(0, "acq", "a", "token", "-", 0, 0, 2500, "notoken")
+			},
+		},
+		{
+			name: "no token in a quick reservation",
+			build: func(s *synthetic) {
+				s.op(0, "acq", "a", "token", "-", 0, 0, 10, "notoken")
+			},
+			rules: []string{"unexpected result"},
+		},
+		{
 			name: "pending operations are not judged",
 			build: func(s *synthetic) {
 				s.op(0, "acq", "a", "token", "L1", 1, 0, 10, "ok")
