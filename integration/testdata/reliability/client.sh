@@ -95,6 +95,14 @@ token_cycle() {
 		exec 3>&-
 		return
 	fi
+	if ! [[ $doc =~ holder_pid\ =\ $BASHPID($'\n'|$) ]]; then
+		# Another process's lease: ours expired while this client stalled
+		# after its create, and a read through /dev/fd/3 is a path open,
+		# which shows the name's current lease (docs/PROTOCOL.md §3).
+		end "$s" lost-ESTALE - 0 "$tok"
+		exec 3>&-
+		return
+	fi
 	local lid=$LID gen=$GEN
 	end "$s" ok "$lid" "$gen" "$tok"
 	local i n=$((RANDOM % 4 + 1))
