@@ -363,8 +363,9 @@ key of each lease's status document.`,
 				return flushed(out, writeJSON(out, leases))
 			}
 			now := time.Now()
-			t := newTable(1024, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
-			row := func(l *leasecore.Lease) error {
+			t := newTable(0, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
+			row := func(l *leasecore.Lease, n int) error {
+				t.grow(n)
 				expires := "-"
 				if !l.ExpiresAt.IsZero() {
 					expires = age(l.ExpiresAt.Sub(now))
@@ -380,7 +381,7 @@ key of each lease's status document.`,
 			}
 			// The file store lists without copying every lease first.
 			if each, ok := s.(interface {
-				EachLive(context.Context, func(*leasecore.Lease) error) error
+				EachLive(context.Context, func(*leasecore.Lease, int) error) error
 			}); ok {
 				if err := each.EachLive(cmd.Context(), row); err != nil {
 					return err
@@ -391,7 +392,7 @@ key of each lease's status document.`,
 					return err
 				}
 				for i := range leases {
-					_ = row(&leases[i])
+					_ = row(&leases[i], len(leases))
 				}
 			}
 			return flushed(out, t.write(out))

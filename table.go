@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"slices"
 	"strconv"
 	"unicode/utf8"
 )
@@ -27,6 +28,15 @@ func newTable(rows int, header ...string) *table {
 		t.text(h)
 	}
 	return t
+}
+
+// grow makes room for about rows rows in all, once: cells already added
+// are kept.
+func (t *table) grow(rows int) {
+	if want := (rows + 1) * t.cols; cap(t.ends) < want {
+		t.ends = slices.Grow(t.ends, want-len(t.ends))
+		t.buf = slices.Grow(t.buf, want*12-len(t.buf))
+	}
 }
 
 // cell ends the current cell, appended to buf by the caller.

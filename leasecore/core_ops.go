@@ -463,19 +463,20 @@ func (s *store) sortedLive(keep func(resource string) bool) []*entry {
 }
 
 // EachLive calls fn with every live lease, sorted by resource, as [List]
-// returns them, without copying them all first: a listing of 100,000
-// leases ("leasefs ls") spares a 40 MB slice. The *Lease is valid only
-// during the call; fn runs with the store's mutex held and must not call
-// the store. It stops at the first error of fn and returns it. Errors:
-// ErrClosed, or fn's.
-func (s *store) EachLive(ctx context.Context, fn func(*Lease) error) (err error) {
+// returns them, and n, the number of them, without copying them all
+// first: a listing of 100,000 leases ("leasefs ls") spares a 40 MB slice.
+// The *Lease is valid only during the call; fn runs with the store's mutex
+// held and must not call the store. It stops at the first error of fn and
+// returns it. Errors: ErrClosed, or fn's.
+func (s *store) EachLive(ctx context.Context, fn func(l *Lease, n int) error) (err error) {
 	if err := s.begin(false); err != nil {
 		return err
 	}
 	defer s.unlock(&err)
-	for _, e := range s.sortedLive(func(string) bool { return true }) {
+	es := s.sortedLive(func(string) bool { return true })
+	for _, e := range es {
 		l := s.snapshot(e)
-		if err := fn(&l); err != nil {
+		if err := fn(&l, len(es)); err != nil {
 			return err
 		}
 	}
