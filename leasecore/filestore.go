@@ -233,9 +233,11 @@ func (s *FileStore) close() {
 		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("closing the store: checkpoint failed; the journal is replayed at the next start", "err", err)
 		}
-		waitTimestampTick(s.lastCtime)
 		// Unless nothing changed since the cache was read or written.
 		if !s.cacheCurrent || s.cacheChanges > 0 {
+			if len(s.leases) >= s.minCached {
+				waitTimestampTick(s.lastCtime)
+			}
 			if err := s.writeRecordCache(); err != nil {
 				s.opts.Logger.Warn("closing the store: cannot write the record cache; the next start reads every record",
 					"path", filepath.Join(s.state, recordCacheName), "err", err)

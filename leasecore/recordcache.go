@@ -360,8 +360,17 @@ func (c *cacheWriter) add(id string, st recordStamp, data []byte) {
 }
 
 // commit completes the cache and replaces the previous one (fsync and
-// rename); abort discards it.
+// rename); abort discards it. A cache of no entry is not written (a reader
+// would refuse it): the previous one is removed instead.
 func (c *cacheWriter) commit() error {
+	if c.count == 0 {
+		c.abort()
+		err := os.Remove(filepath.Join(filepath.Dir(c.pf.Name()), recordCacheName))
+		if errors.Is(err, fs.ErrNotExist) {
+			err = nil
+		}
+		return err
+	}
 	var t [cacheTrailer]byte
 	binary.LittleEndian.PutUint32(t[:], c.count)
 	c.write(t[:4])
