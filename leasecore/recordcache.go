@@ -317,6 +317,7 @@ func (c *recordCache) close() {
 // directory, renamed over the cache when complete. Not safe for concurrent
 // use.
 type cacheWriter struct {
+	state string
 	pf    *renameio.PendingFile
 	w     *bufio.Writer
 	count uint32
@@ -330,7 +331,7 @@ func newCacheWriter(state string) (*cacheWriter, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cacheWriter{pf: pf, w: bufio.NewWriterSize(pf, 256<<10)}
+	c := &cacheWriter{state: state, pf: pf, w: bufio.NewWriterSize(pf, 256<<10)}
 	var h [cacheHeader]byte
 	copy(h[:], recordCacheMagic)
 	binary.LittleEndian.PutUint32(h[16:], recordCacheVersion)
@@ -365,11 +366,7 @@ func (c *cacheWriter) add(id string, st recordStamp, data []byte) {
 func (c *cacheWriter) commit() error {
 	if c.count == 0 {
 		c.abort()
-		err := os.Remove(filepath.Join(filepath.Dir(c.pf.Name()), recordCacheName))
-		if errors.Is(err, fs.ErrNotExist) {
-			err = nil
-		}
-		return err
+		return removeRecordCache(c.state)
 	}
 	var t [cacheTrailer]byte
 	binary.LittleEndian.PutUint32(t[:], c.count)
@@ -389,6 +386,16 @@ func (c *cacheWriter) commit() error {
 }
 
 func (c *cacheWriter) abort() { _ = c.pf.Cleanup() }
+
+// removeRecordCache removes the record cache of the state directory, if
+// there is one.
+func removeRecordCache(state string) error {
+	err := os.Remove(filepath.Join(state, recordCacheName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
 
 // cacheable returns the record of e as its file holds it, when the store
 // knows that file's stamp: e's record encoded anew matches the content
@@ -411,10 +418,7 @@ func cacheable(e *entry) ([]byte, bool) {
 // (the previous cache is then left, still checked record by record).
 func (s *FileStore) writeRecordCache() error {
 	if len(s.leases) < s.minCached {
-		if err := os.Remove(filepath.Join(s.state, recordCacheName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		return nil
+		return removeRecordCache(s.state)
 	}
 	c, err := newCacheWriter(s.state)
 	if err != nil {
