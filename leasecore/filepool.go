@@ -5,7 +5,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -23,14 +27,43 @@ const maxFreeFiles = 1024
 // filePool is the FIFO of spare files of a writable FileStore. A file freed
 // by a change may be overwritten only once that change is durable: until
 // then a crash may bring back the name that pointed to it, and the journal
-// entry that would repair that name is not yet on disk. Used with the
-// store's mutex held; not safe for concurrent use on its own.
+// entry that would repair that name is not yet on disk.
+//
+// Creating a file costs ten to twenty times what overwriting and renaming
+// one does on ext4 (an inode allocation), and a lease cycle makes one new
+// record, so a background maker keeps a stock of new empty spares ready:
+// the change that needs a file takes one instead of creating it under the
+// store's mutex. The maker runs when the stock falls below spareLow, fills
+// it to spareStock and ends; [filePool.stop] waits for it.
+//
+// free is guarded by the store's mu; made, making and stopped by the
+// pool's own mu, a leaf lock (taken under the store's mu by take, alone by
+// the maker, which never takes the store's mu). next is atomic.
 type filePool struct {
 	free []freeFile
-	// next is the suffix of the next name; it starts at the wall clock in
-	// nanoseconds, so that no daemon names a file as a previous one did.
-	next uint64
+	// inline counts the files take had to create itself, for tests.
+	inline int
+	// next is the suffix of the last name given; it starts at the wall
+	// clock in nanoseconds, so that no daemon names a file as a previous
+	// one did.
+	next atomic.Uint64
+
+	mu sync.Mutex
+	// made holds new empty spares, usable at once.
+	made []string
+	// making: a maker runs; it closes done when it ends.
+	making bool
+	done   chan struct{}
+	// stopped: the store is closing; no maker starts.
+	stopped bool
 }
+
+const (
+	// spareLow is the stock of made spares below which take starts the
+	// maker; spareStock the stock it fills to.
+	spareLow   = 64
+	spareStock = 256
+)
 
 type freeFile struct {
 	path string
@@ -38,27 +71,122 @@ type freeFile struct {
 }
 
 // take returns a spare file to overwrite: the oldest free one whose change
-// is durable, or a new empty file. Errors: creating the new file.
+// is durable, else one the maker made, else a new empty file created now.
+// Errors: creating the new file.
 func (p *filePool) take(dir string, j *journal) (string, error) {
 	if len(p.free) > 0 && p.free[0].seq <= j.durableSeq() {
 		f := p.free[0]
 		p.free = p.free[1:]
 		return f.path, nil
 	}
-	path := p.name(dir)
+	p.mu.Lock()
+	var path string
+	if n := len(p.made); n > 0 {
+		path = p.made[n-1]
+		p.made = p.made[:n-1]
+	}
+	if len(p.made) < spareLow && !p.making && !p.stopped {
+		p.making = true
+		p.done = make(chan struct{})
+		go p.make(dir)
+	}
+	p.mu.Unlock()
+	if path != "" {
+		return path, nil
+	}
+	p.inline++
+	path = p.name(dir)
+	return path, createEmpty(path)
+}
+
+// make creates spares until the stock reaches spareStock, the pool stops,
+// or a creation fails (a full disk: the next take reports it).
+func (p *filePool) make(dir string) {
+	defer close(p.done)
+	for {
+		p.mu.Lock()
+		if p.stopped || len(p.made) >= spareStock {
+			p.making = false
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		path := p.name(dir)
+		err := createEmpty(path)
+		p.mu.Lock()
+		if err == nil && !p.stopped {
+			p.made = append(p.made, path)
+			p.mu.Unlock()
+			continue
+		}
+		p.making = false
+		p.mu.Unlock()
+		if err == nil {
+			p.discard(path)
+		}
+		return
+	}
+}
+
+// stop waits for a running maker to end and keeps any other from starting.
+// The spares made stay in the directory, for the next store to adopt.
+func (p *filePool) stop() {
+	p.mu.Lock()
+	p.stopped = true
+	done := p.done
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// splitSpares removes the spare files from names (the entries of the
+// leases directory), keeps them in s.spares and returns the rest.
+func (s *FileStore) splitSpares(names []string) []string {
+	return slices.DeleteFunc(names, func(name string) bool {
+		if strings.HasPrefix(name, freePrefix) {
+			s.spares = append(s.spares, name)
+			return true
+		}
+		return false
+	})
+}
+
+// adoptSpares puts the spare files found at load into the pool, usable at
+// once, when ok (the directory has been synced since), up to spareStock of
+// them; it removes the others, and any that is not a plain regular file
+// with one link.
+func (s *FileStore) adoptSpares(ok bool) {
+	dirFD := int(s.dirFile.Fd())
+	var adopt []string
+	for _, name := range s.spares {
+		var st unix.Stat_t
+		if ok && len(adopt) < spareStock &&
+			unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+			st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
+			adopt = append(adopt, filepath.Join(s.dir, name))
+			continue
+		}
+		_ = unix.Unlinkat(dirFD, name, 0)
+	}
+	s.spares = nil
+	s.pool.mu.Lock()
+	s.pool.made = append(s.pool.made, adopt...)
+	s.pool.mu.Unlock()
+}
+
+// createEmpty creates the empty file path (mode 0600). Errors: open(2)'s.
+func createEmpty(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return "", err
+		return err
 	}
-	return path, f.Close()
+	return f.Close()
 }
 
 func (p *filePool) name(dir string) string {
-	if p.next == 0 {
-		p.next = uint64(time.Now().UnixNano())
-	}
-	p.next++
-	return filepath.Join(dir, freePrefix+strconv.FormatUint(p.next, 10))
+	p.next.CompareAndSwap(0, uint64(time.Now().UnixNano()))
+	return filepath.Join(dir, freePrefix+strconv.FormatUint(p.next.Add(1), 10))
 }
 
 // release returns path to the pool, reusable once journal entry seq is

@@ -64,6 +64,9 @@ type FileStore struct {
 	checkpointAt int64
 	// pool holds the spare files that putRecord writes into. Guarded by mu.
 	pool filePool
+	// spares are the names of the spare files found at load, adopted
+	// into pool once the start's checkpoint succeeds. Guarded by mu.
+	spares []string
 	// waiters writes the waiters file of a writable store.
 	waiters waitersWriter
 	// hwJournal is the generation mark last appended to the journal; the
@@ -136,9 +139,14 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		// Start a fresh journal epoch with every replayed change in the
 		// records. On failure (a full disk) the store still opens: the
 		// journal is kept as it is, and the first change checkpoints.
-		if err := s.fullCheckpoint(); err != nil {
+		err := s.fullCheckpoint()
+		if err != nil {
 			s.opts.Logger.Warn("cannot checkpoint the journal at start; changes will retry", "err", err)
 		}
+		// A previous daemon's spares are garbage once the checkpoint has
+		// made every name in the directory durable: no crash can bring
+		// back a record name that pointed to one of them.
+		s.adoptSpares(err == nil)
 		s.startWaitersWriter()
 		s.startReaper()
 		if s.cacheMisses >= max(len(s.leases)/8, 1) {
@@ -229,6 +237,7 @@ func (s *FileStore) settleDuration(adopt bool) error {
 // whole), and releases the store's files (persister).
 func (s *FileStore) close() {
 	s.stopWaitersWriter()
+	s.pool.stop()
 	if s.jnl() != nil {
 		if err := s.fullCheckpoint(); err != nil {
 			s.opts.Logger.Warn("closing the store: checkpoint failed; the journal is replayed at the next start", "err", err)
@@ -248,6 +257,7 @@ func (s *FileStore) close() {
 }
 
 func (s *FileStore) closeFiles() {
+	s.pool.stop()
 	if c := s.ckpt; c != nil {
 		<-c.done
 	}
@@ -327,6 +337,9 @@ func (s *FileStore) load() error {
 	names, err := s.dirFile.Readdirnames(-1)
 	if err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	if !s.opts.ReadOnly {
+		names = s.splitSpares(names)
 	}
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
 		return fmt.Errorf("leasecore: list records: %w", err)
@@ -479,7 +492,9 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 // (docs/PROTOCOL.md §4.3). The record is replaced atomically: data is
 // written into a spare file of the free pool, which is then exchanged with
 // the record (renameat2(2) RENAME_EXCHANGE), or renamed to it for a new
-// record; the old record's file joins the pool. Reusing files this way
+// record (RENAME_NOREPLACE; a lease the store does not know has no record,
+// and either guess that proves wrong falls back to the other); the old
+// record's file joins the pool. Reusing files this way
 // spares the filesystem an inode allocation per change, which costs ten
 // times the write on ext4. A failure (ENOSPC, EROFS, EIO) leaves the old
 // record in place. It returns the stamp of the record's file, zero if it
@@ -498,17 +513,27 @@ func (s *FileStore) putRecord(id string, data []byte) (recordStamp, error) {
 		s.pool.discard(spare)
 		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
-	err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE)
+	flags := uint(unix.RENAME_EXCHANGE)
+	if s.leases[id] == nil {
+		flags = unix.RENAME_NOREPLACE
+	}
+	for range 2 {
+		err = unix.Renameat2(unix.AT_FDCWD, spare, unix.AT_FDCWD, path, flags)
+		switch {
+		case flags == unix.RENAME_EXCHANGE && errors.Is(err, unix.ENOENT):
+			flags = unix.RENAME_NOREPLACE
+			continue
+		case flags == unix.RENAME_NOREPLACE && errors.Is(err, unix.EEXIST):
+			flags = unix.RENAME_EXCHANGE
+			continue
+		}
+		break
+	}
 	switch {
-	case err == nil:
+	case err == nil && flags == unix.RENAME_EXCHANGE:
 		// spare now names the old record, free once this change commits.
 		s.pool.release(spare, s.jnl().pending()+1)
-	case errors.Is(err, unix.ENOENT):
-		if err := os.Rename(spare, path); err != nil {
-			s.pool.discard(spare)
-			return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
-		}
-	default:
+	case err != nil:
 		s.pool.discard(spare)
 		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
