@@ -209,10 +209,10 @@ func (b *bench) queueRow(id, name, mp string) error {
 	return nil
 }
 
-// leasefsRows runs rows 1a–1d and 8 on one daemon mounted in the
+// leasefsRows runs rows 1a–1d, 8 and 8g on one daemon mounted in the
 // temporary directory.
 func (b *bench) leasefsRows() error {
-	ids := map[string]string{"1a": nameLease, "1b": nameRenew, "1c": nameHandle, "1d": nameQueue, "8": nameKill}
+	ids := map[string]string{"1a": nameLease, "1b": nameRenew, "1c": nameHandle, "1d": nameQueue, "8": nameKill, "8g": nameKillGo}
 	if !b.wantAny(ids) {
 		return nil
 	}
@@ -226,7 +226,10 @@ func (b *bench) leasefsRows() error {
 	if err := b.cycleRows(mp, [4]string{"1a", "1b", "1c", "1d"}, [4]string{nameLease, nameRenew, nameHandle, nameQueue}); err != nil {
 		return err
 	}
-	return b.killRow("8", nameKill, mp)
+	if err := b.killRow("8", nameKill, mp, holderFlock); err != nil {
+		return err
+	}
+	return b.killRow("8g", nameKillGo, mp, holderGo)
 }
 
 // cycleRows runs the four cycles of a mount on mp under the given row ids
@@ -252,6 +255,7 @@ const (
 	nameHandle  = "leasefs handle-lease cycle (open+flock+unlock+close)"
 	nameQueue   = "leasefs one name, N clients queueing (blocking flock)"
 	nameKill    = "leasefs SIGKILL holder → blocked successor granted"
+	nameKillGo  = "same, the holder a Go process (this program)"
 	nameStore   = "leasecore FileStore in-process Reserve+End"
 	nameMemL    = "go-fuse in-memory ceiling: lease cycle (as 1a)"
 	nameMemH    = "go-fuse in-memory ceiling: handle cycle (as 1c)"
