@@ -31,6 +31,9 @@ type config struct {
 	killN    int            // samples of the kill-to-grant row
 	scaleNs  []int          // live lease counts of the scale rows
 	reserveN int            // reservations timed per scale row
+	// scaleRepeats is how many restarts, readdirs and ls runs a scale row
+	// takes the median of.
+	scaleRepeats int
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -48,9 +51,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return config{}, fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
 	cfg := config{quick: *quick, out: *out, duration: *dur, warmup: *warm, killN: 100,
-		scaleNs: []int{100, 1000, 10000, 100000}, reserveN: 200}
+		scaleNs: []int{100, 1000, 10000, 100000}, reserveN: 200, scaleRepeats: 3}
 	if *quick {
-		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN = 200*time.Millisecond, 50*time.Millisecond, 5, 20
+		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN, cfg.scaleRepeats = 200*time.Millisecond, 50*time.Millisecond, 5, 20, 1
 		cfg.scaleNs = []int{100, 1000}
 	}
 	if *only != "" {
