@@ -71,6 +71,11 @@ func (sc *stateChecker) describe(max int) string {
 
 var tokenHashRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
+// maxSpareFiles bounds the spare files of a state directory: the 1,024
+// freed files and 256 ready ones a daemon keeps, and the 256 ready ones it
+// adopted at its start (docs/PROTOCOL.md §4.3).
+const maxSpareFiles = 1024 + 2*256
+
 // stateDirFiles are the files a state directory may hold besides records.
 var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true,
 	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true, "records.cache": true}
@@ -82,6 +87,7 @@ var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "
 func (sc *stateChecker) scan(tokens map[string]bool) []string {
 	var leftovers []string
 	seen := map[string]bool{}
+	spares := 0
 	err := filepath.WalkDir(sc.state, func(path string, de fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -99,6 +105,14 @@ func (sc *stateChecker) scan(tokens map[string]bool) []string {
 		case isRecord:
 		case dir == relLeasesDir+"/" && name == ".lock":
 		case dir == "" && stateDirFiles[name]:
+		case dir == relLeasesDir+"/" && strings.HasPrefix(name, ".free-"):
+			// A spare file (docs/PROTOCOL.md §4.3): the next daemon keeps
+			// up to 256 and removes the rest, so their number stays
+			// bounded; they must be plain files like any other.
+			spares++
+			if !de.Type().IsRegular() {
+				sc.add("spare file not a regular file", "%s: %v", path, de.Type())
+			}
 		default:
 			leftovers = append(leftovers, path)
 			sc.tempSeen++
@@ -139,6 +153,11 @@ func (sc *stateChecker) scan(tokens map[string]bool) []string {
 	})
 	if err != nil {
 		sc.add("state directory unreadable", "%v", err)
+	}
+	// A daemon keeps at most 1,024 freed files and 256 ready ones; a crash
+	// leaves what it had, and the next start keeps at most 256 of those.
+	if spares > maxSpareFiles {
+		sc.add("spare files pile up", "%d spare files in %s, want at most %d", spares, relLeasesDir, maxSpareFiles)
 	}
 	for p := range sc.files {
 		if !seen[p] {

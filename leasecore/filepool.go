@@ -95,8 +95,19 @@ func (p *filePool) take(dir string, j *journal) (string, error) {
 		return path, nil
 	}
 	p.inline++
-	path = p.name(dir)
-	return path, createEmpty(path)
+	return p.create(dir)
+}
+
+// create creates a new empty spare under the next free name and returns
+// its path. Errors: open(2)'s.
+func (p *filePool) create(dir string) (string, error) {
+	for {
+		path := p.name(dir)
+		err := createEmpty(path)
+		if !errors.Is(err, fs.ErrExist) {
+			return path, err
+		}
+	}
 }
 
 // make creates spares until the stock reaches spareStock, the pool stops,
@@ -111,8 +122,7 @@ func (p *filePool) make(dir string) {
 			return
 		}
 		p.mu.Unlock()
-		path := p.name(dir)
-		err := createEmpty(path)
+		path, err := p.create(dir)
 		p.mu.Lock()
 		if err == nil && !p.stopped {
 			p.made = append(p.made, path)
@@ -153,23 +163,43 @@ func (s *FileStore) splitSpares(names []string) []string {
 }
 
 // adoptSpares puts the spare files found at load into the pool, usable at
-// once, when ok (the directory has been synced since), up to spareStock of
-// them; it removes the others, and any that is not a plain regular file
-// with one link.
+// once, when ok (the directory has been synced since), until the pool holds
+// spareStock ready ones (the maker may have started during the load); it
+// removes the others, and any that is not a plain spare: a regular file
+// with one link, mode 0600 and this process's owner, as the store creates
+// them (a record written into a spare keeps its mode and owner). Names
+// given from then on follow the highest adopted one, so that a wall clock
+// stepped back since the previous daemon cannot give a name twice.
 func (s *FileStore) adoptSpares(ok bool) {
 	dirFD := int(s.dirFile.Fd())
+	s.pool.mu.Lock()
+	room := spareStock - len(s.pool.made)
+	s.pool.mu.Unlock()
 	var adopt []string
+	var highest uint64
 	for _, name := range s.spares {
 		var st unix.Stat_t
-		if ok && len(adopt) < spareStock &&
+		if ok && len(adopt) < room &&
 			unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
-			st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
+			st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&0o7777 == 0o600 &&
+			st.Nlink == 1 && st.Uid == uint32(os.Geteuid()) {
 			adopt = append(adopt, filepath.Join(s.dir, name))
+			if n, err := strconv.ParseUint(strings.TrimPrefix(name, freePrefix), 10, 64); err == nil {
+				highest = max(highest, n)
+			}
 			continue
 		}
-		_ = unix.Unlinkat(dirFD, name, 0)
+		if err := unix.Unlinkat(dirFD, name, 0); errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EPERM) {
+			_ = unix.Unlinkat(dirFD, name, unix.AT_REMOVEDIR) // an empty directory
+		}
 	}
 	s.spares = nil
+	for {
+		next := s.pool.next.Load()
+		if next >= highest || s.pool.next.CompareAndSwap(next, highest) {
+			break
+		}
+	}
 	s.pool.mu.Lock()
 	s.pool.made = append(s.pool.made, adopt...)
 	s.pool.mu.Unlock()
@@ -209,15 +239,22 @@ func (p *filePool) recycle(record, dir string, seq uint64) error {
 		}
 		return nil
 	}
-	path := p.name(dir)
-	if err := os.Rename(record, path); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+	for {
+		// RENAME_NOREPLACE: a name in use (it cannot be, but a spare must
+		// never be replaced unseen) is skipped.
+		path := p.name(dir)
+		err := unix.Renameat2(unix.AT_FDCWD, record, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE)
+		switch {
+		case errors.Is(err, unix.EEXIST):
+			continue
+		case errors.Is(err, fs.ErrNotExist):
 			return nil
+		case err != nil:
+			return err
 		}
-		return err
+		p.free = append(p.free, freeFile{path: path, seq: seq})
+		return nil
 	}
-	p.free = append(p.free, freeFile{path: path, seq: seq})
-	return nil
 }
 
 // discard forgets a spare file that could not be used, removing it.

@@ -102,12 +102,29 @@ func TestSparesAdoptedAtStart(t *testing.T) {
 	if err := os.Link(target, filepath.Join(dir, freePrefix+"linked")); err != nil {
 		t.Fatal(err)
 	}
+	// A record written into a spare keeps its mode: one readable by
+	// others, or a directory, is no spare.
+	if err := os.WriteFile(filepath.Join(dir, freePrefix+"readable"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(dir, freePrefix+"readable"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, freePrefix+"dir"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The highest name in use, as a clock stepped back would leave it.
+	ahead := freePrefix + "18446744073709000000"
+	if err := os.WriteFile(filepath.Join(dir, ahead), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	left = append(left, ahead)
 
 	// A read-only store leaves them all.
 	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
 	ro.Close()
-	if got := len(spareFiles(t, state)); got != len(left)+2 {
-		t.Fatalf("a read-only open changed the spares: %d, want %d", got, len(left)+2)
+	if got := len(spareFiles(t, state)); got != len(left)+4 {
+		t.Fatalf("a read-only open changed the spares: %d, want %d", got, len(left)+4)
 	}
 
 	s = openStore(t, state, Options{Clock: clock})
@@ -117,7 +134,7 @@ func TestSparesAdoptedAtStart(t *testing.T) {
 	if adopted != spareStock {
 		t.Errorf("adopted %d spares, want %d", adopted, spareStock)
 	}
-	for _, name := range []string{"symlink", "linked"} {
+	for _, name := range []string{"symlink", "linked", "readable", "dir"} {
 		if _, err := os.Lstat(filepath.Join(dir, freePrefix+name)); !os.IsNotExist(err) {
 			t.Errorf("%s spare not removed: %v", name, err)
 		}
@@ -140,6 +157,36 @@ func TestSparesAdoptedAtStart(t *testing.T) {
 	l, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID)))
 	if err != nil || l.Resource != "second" {
 		t.Errorf("record of the adopted spare: %+v, %v", l, err)
+	}
+	if fi, err := os.Stat(recordPath(state, g.Lease.ID)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("record mode: %v, %v; want 0600", fi.Mode(), err)
+	}
+	s.mu.Lock()
+	next := s.pool.name(dir)
+	s.mu.Unlock()
+	if next <= filepath.Join(dir, ahead) {
+		t.Errorf("next spare name %s, want one after the adopted %s", next, ahead)
+	}
+}
+
+// TestUnwritableSpareIsReplaced checks that a spare that cannot be written
+// (here a directory that took a spare's place) costs the change nothing: it
+// is written into a new file.
+func TestUnwritableSpareIsReplaced(t *testing.T) {
+	state := t.TempDir()
+	s := openStore(t, state, Options{Clock: clocktest.NewFakeClock(testStart)})
+	bad := filepath.Join(state, LeasesDir, freePrefix+"1")
+	if err := os.Mkdir(bad, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s.pool.stop() // no maker: the bad spare is the one taken
+	s.pool.mu.Lock()
+	s.pool.made = []string{bad}
+	s.pool.mu.Unlock()
+	g := reserve(t, s, "x")
+	l, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID)))
+	if err != nil || l.Resource != "x" {
+		t.Errorf("record written past an unwritable spare: %+v, %v", l, err)
 	}
 }
 

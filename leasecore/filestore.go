@@ -510,8 +510,17 @@ func (s *FileStore) putRecord(id string, data []byte) (recordStamp, error) {
 		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	if err := overwrite(spare, data); err != nil {
+		// A spare that cannot be written (made immutable by hand, say):
+		// a new file of this change's own is.
 		s.pool.discard(spare)
-		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+		var cerr error
+		if spare, cerr = s.pool.create(s.dir); cerr == nil {
+			err = overwrite(spare, data)
+		}
+		if err != nil {
+			s.pool.discard(spare)
+			return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+		}
 	}
 	flags := uint(unix.RENAME_EXCHANGE)
 	if s.leases[id] == nil {
