@@ -38,7 +38,7 @@ func (s *FileStore) publishWaiters(counts map[string]int) {
 
 // waitersInterval is the shortest time between two rewrites of the waiters
 // file. A rewrite creates a file, and on a queue of 16 flock waiters one
-// per grant cut the grants per second by a third (each commit's fdatasync
+// per grant cut the grants per second by up to a third (each commit's fdatasync
 // took half again as long); the counts are advisory, so "leasefs ls" may
 // show them this much late.
 const waitersInterval = 100 * time.Millisecond
