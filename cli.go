@@ -317,18 +317,53 @@ func flushed(out *bufio.Writer, err error) error {
 // holds control characters or spaces, which a name may contain but a
 // terminal would obey (escape sequences) or a table would split on.
 func tableName(r string) string {
-	if strings.ContainsFunc(r, func(c rune) bool { return unicode.IsControl(c) || unicode.IsSpace(c) }) {
-		return strconv.Quote(r)
+	if !needsQuote(r) {
+		return r
 	}
-	return r
+	return strconv.Quote(r)
 }
 
-// age renders a duration for tables, rounded to seconds.
-func age(d time.Duration) string {
-	if d < 0 {
-		return "-" + d.Abs().Round(time.Second).String()
+// needsQuote reports whether r holds a control character or a space (see
+// tableName). Printable ASCII, what almost every name is, is decided a byte
+// at a time.
+func needsQuote(r string) bool {
+	for i := 0; i < len(r); i++ {
+		if c := r[i]; c <= ' ' || c >= 0x7f {
+			return strings.ContainsFunc(r[i:], func(c rune) bool { return unicode.IsControl(c) || unicode.IsSpace(c) })
+		}
 	}
-	return d.Round(time.Second).String()
+	return false
+}
+
+// age renders a duration for tables, rounded to seconds, as
+// [time.Duration.String] renders it ("-1h2m3s", "45s", "0s").
+func age(d time.Duration) string {
+	return string(appendAge(nil, d))
+}
+
+// appendAge appends age(d) to b without allocating: a listing of 100,000
+// leases renders 200,000 of them.
+func appendAge(b []byte, d time.Duration) []byte {
+	const limit = 1 << 62 // far beyond any lease; rounding cannot overflow below it
+	if d <= -limit || d >= limit {
+		if d < 0 {
+			return append(append(b, '-'), d.Abs().Round(time.Second).String()...)
+		}
+		return append(b, d.Round(time.Second).String()...)
+	}
+	if d < 0 {
+		b = append(b, '-')
+		d = -d
+	}
+	secs := int64(d.Round(time.Second) / time.Second)
+	h, m, sec := secs/3600, secs/60%60, secs%60
+	if h > 0 {
+		b = append(strconv.AppendInt(b, h, 10), 'h')
+	}
+	if h > 0 || m > 0 {
+		b = append(strconv.AppendInt(b, m, 10), 'm')
+	}
+	return append(strconv.AppendInt(b, sec, 10), 's')
 }
 
 func newLsCmd(stdout io.Writer) *cobra.Command {
@@ -366,17 +401,17 @@ key of each lease's status document.`,
 			t := newTable(0, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
 			row := func(l *leasecore.Lease, n int) error {
 				t.grow(n)
-				expires := "-"
-				if !l.ExpiresAt.IsZero() {
-					expires = age(l.ExpiresAt.Sub(now))
-				}
 				t.text(tableName(l.Resource))
 				t.text(string(l.Mode))
 				t.uint(uint64(l.HolderUID))
 				t.int(int64(l.HolderPID))
 				t.uint(l.Generation)
-				t.text(age(now.Sub(l.StartedAt)))
-				t.text(expires)
+				t.age(now.Sub(l.StartedAt))
+				if l.ExpiresAt.IsZero() {
+					t.text("-")
+				} else {
+					t.age(l.ExpiresAt.Sub(now))
+				}
 				return nil
 			}
 			// The file store lists without copying every lease first.

@@ -4,6 +4,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"time"
 	"unicode/utf8"
 )
 
@@ -61,6 +62,13 @@ func (t *table) uint(n uint64) {
 func (t *table) int(n int64) {
 	start := len(t.buf)
 	t.buf = strconv.AppendInt(t.buf, n, 10)
+	t.cell(start)
+}
+
+// age adds a duration cell, rendered as [age] renders it.
+func (t *table) age(d time.Duration) {
+	start := len(t.buf)
+	t.buf = appendAge(t.buf, d)
 	t.cell(start)
 }
 

@@ -454,7 +454,7 @@ func (s *store) sortedLive(keep func(resource string) bool) []*entry {
 			ks = append(ks, keyed{resource, e})
 		}
 	}
-	slices.SortFunc(ks, func(a, b keyed) int { return strings.Compare(a.resource, b.resource) })
+	sortParallel(ks, func(a, b keyed) int { return strings.Compare(a.resource, b.resource) })
 	es := make([]*entry, len(ks))
 	for i, k := range ks {
 		es[i] = k.e
@@ -474,8 +474,11 @@ func (s *store) EachLive(ctx context.Context, fn func(l *Lease, n int) error) (e
 	}
 	defer s.unlock(&err)
 	es := s.sortedLive(func(string) bool { return true })
+	// One copy reused for every call: a copy per lease would escape to the
+	// heap, 40 MB of garbage for a listing of 100,000.
+	var l Lease
 	for _, e := range es {
-		l := s.snapshot(e)
+		l = s.snapshot(e)
 		if err := fn(&l, len(es)); err != nil {
 			return err
 		}

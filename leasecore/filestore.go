@@ -92,6 +92,10 @@ type FileStore struct {
 	// lastCtime is the newest ctime of a record file stamped, in
 	// nanoseconds since the epoch. Guarded by mu.
 	lastCtime int64
+	// freed is closed when the memory a large load left behind has been
+	// returned to the operating system; nil when none is being returned.
+	// Set only while the store opens.
+	freed chan struct{}
 }
 
 var (
@@ -153,6 +157,11 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 			s.mu.Lock()
 			s.refreshRecordCache()
 			s.mu.Unlock()
+		}
+		if s.freed != nil {
+			// The resident size a started daemon reports is after the
+			// load's garbage went back.
+			<-s.freed
 		}
 	}
 	return s, nil
@@ -394,6 +403,11 @@ func (s *FileStore) load() error {
 			a.lease.StartedAt.Compare(b.lease.StartedAt), strings.Compare(a.lease.ID, b.lease.ID))
 	}
 	var settle []*entry // active entries a writable store must end or rewrite
+	if len(s.live) == 0 {
+		// Most loaded records are live ones: size the index once rather
+		// than growing it through every doubling.
+		s.live = make(map[string]*entry, len(s.leases))
+	}
 	for _, e := range s.leases {
 		if e.lease.Status != StatusActive {
 			continue

@@ -105,8 +105,15 @@ func (s *FileStore) loadRecords(names []string, cache *recordCache) error {
 	}
 	if total >= freeAfterLoad && !s.opts.ReadOnly {
 		// A read-only store serves a command that exits soon ("leasefs
-		// ls"): returning memory would only cost it a collection.
-		debug.FreeOSMemory()
+		// ls"): returning memory would only cost it a collection. A
+		// daemon's start returns it on the other core while it indexes
+		// and checkpoints; OpenFileStore waits for it.
+		freed := make(chan struct{})
+		s.freed = freed
+		go func() {
+			defer close(freed)
+			debug.FreeOSMemory()
+		}()
 	}
 	return nil
 }

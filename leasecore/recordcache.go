@@ -225,7 +225,7 @@ func (c *recordCache) match(names []string) (slots []int32, err error) {
 			slots, err = nil, errors.New("the record cache changed while being read")
 		}
 	}()
-	slices.Sort(names)
+	sortParallel(names, strings.Compare)
 	slots = make([]int32, len(names))
 	j := 0
 	for i, name := range names {
