@@ -155,7 +155,7 @@ func (p *filePool) stop() {
 func (s *FileStore) splitSpares(names []string) []string {
 	return slices.DeleteFunc(names, func(name string) bool {
 		if strings.HasPrefix(name, freePrefix) {
-			s.spares = append(s.spares, name)
+			s.spares = append(s.spares, strings.Clone(name)) // names share one string (readNames)
 			return true
 		}
 		return false
