@@ -343,37 +343,19 @@ func (s *FileStore) load() error {
 	}
 	defer unlock()
 
-	// The record cache is mapped and checked on another core while the
-	// directory is listed.
-	type mapped struct {
-		cache *recordCache
-		err   error
-	}
-	cached := make(chan mapped, 1)
-	go func() {
-		c, err := readRecordCache(s.state, -1)
-		cached <- mapped{c, err}
-	}()
 	names, err := readNames(int(s.dirFile.Fd()))
-	m := <-cached
-	cache := m.cache
 	if err != nil {
-		cache.close()
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
 	if !s.opts.ReadOnly {
 		names = s.splitSpares(names)
 	}
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
-		cache.close()
 		return fmt.Errorf("leasecore: list records: %w", err)
 	}
-	if err = m.err; err == nil && cache != nil {
-		if err = cache.fits(len(names)); err != nil {
-			cache.close()
-			cache = nil
-		}
-	}
+	// After the listing: a cache far larger than the records it could
+	// hold is refused before it is mapped.
+	cache, err := readRecordCache(s.state, len(names))
 	if err != nil {
 		s.opts.Logger.Warn("ignoring the record cache: every record is read from its file", "err", err)
 	}

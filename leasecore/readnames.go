@@ -1,6 +1,7 @@
 package leasecore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 
@@ -42,11 +43,8 @@ func readNames(fd int) ([]string, error) {
 				return nil, errors.New("getdents64: malformed record")
 			}
 			name := rec[19:reclen]
-			for i, c := range name {
-				if c == 0 {
-					name = name[:i]
-					break
-				}
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
 			}
 			ino := binary.NativeEndian.Uint64(rec)
 			rec = rec[reclen:]

@@ -127,8 +127,6 @@ type recordCache struct {
 // cache yields nil and no error; a short, damaged or unsorted one, one of
 // another version, or one larger than maxCachedBytes per record file
 // yields nil and the reason: the records are then read from their files.
-// files < 0 means not yet known: only maxRecordCache bounds the file, and
-// the caller checks [recordCache.fits] once it knows.
 // The mapping is read with runtime/debug.SetPanicOnFault, so that a file
 // truncated under it is an error, not a crash; see also [recordCache.entry].
 func readRecordCache(state string, files int) (c *recordCache, err error) {
@@ -150,7 +148,8 @@ func readRecordCache(state string, files int) (c *recordCache, err error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file (%v)", path, st.Mode().Type())
 	}
-	if st.Size() < cacheHeader+cacheTrailer || st.Size() > cacheLimit(files) {
+	limit := min(int64(files+1024)*maxCachedBytes, maxRecordCache)
+	if st.Size() < cacheHeader+cacheTrailer || st.Size() > limit {
 		return nil, fmt.Errorf("%s: %d bytes is no record cache for %d record files", path, st.Size(), files)
 	}
 	buf, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
@@ -158,9 +157,10 @@ func readRecordCache(state string, files int) (c *recordCache, err error) {
 		return nil, &fs.PathError{Op: "mmap", Path: path, Err: err}
 	}
 	c = &recordCache{data: buf}
+	mapped := c // the error returns below set c to nil before this runs
 	defer func() {
 		if err != nil {
-			c.close()
+			mapped.close()
 			c = nil
 		}
 	}()
@@ -210,24 +210,6 @@ func readRecordCache(state string, files int) (c *recordCache, err error) {
 		return nil, fmt.Errorf("%s: %d entries, the trailer says %d", path, len(c.offsets), n)
 	}
 	return c, nil
-}
-
-// cacheLimit is the largest record cache read for a leases directory of
-// files entries (any number when files < 0).
-func cacheLimit(files int) int64 {
-	if files < 0 {
-		return maxRecordCache
-	}
-	return min(int64(files+1024)*maxCachedBytes, maxRecordCache)
-}
-
-// fits returns an error when the cache, read before the leases directory
-// was listed, is larger than readRecordCache would read for files entries.
-func (c *recordCache) fits(files int) error {
-	if int64(len(c.data)) > cacheLimit(files) {
-		return fmt.Errorf("%s: %d bytes is no record cache for %d record files", recordCacheName, len(c.data), files)
-	}
-	return nil
 }
 
 // match sorts names (the entries of the leases directory) and returns,

@@ -255,6 +255,15 @@ func TestRecordCacheDamagedIsIgnored(t *testing.T) {
 			t.Errorf("%s cache: %d warnings, want 1:\n%s", name, n, log.String())
 		}
 		s.Close()
+		// A cache refused after it was mapped is unmapped: a daemon
+		// would otherwise keep it mapped for its whole life.
+		maps, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(maps), path) {
+			t.Errorf("%s cache: still mapped after the store closed", name)
+		}
 	}
 }
 
