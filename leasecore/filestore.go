@@ -175,14 +175,28 @@ func (s *FileStore) Close() error {
 	return s.store.Close()
 }
 
+// maxHeartbeatAge bounds the age of a loaded heartbeat on the monotonic
+// clock: about 146 years, past every lease duration. An older one (a
+// record's heartbeat_at of 1677, where time.Time.Sub saturates) would make
+// "now minus heartbeat" overflow and wrap around to a lease that never
+// expires.
+const maxHeartbeatAge = time.Duration(1 << 62)
+
+// heartbeatMono places heartbeat hb, read at wall time now and monotonic
+// time mono, on the store's monotonic clock: mono less its age, which is
+// neither negative (a heartbeat in the future counts as now) nor beyond
+// maxHeartbeatAge.
+func heartbeatMono(hb, now time.Time, mono time.Duration) time.Duration {
+	return mono - min(max(now.Sub(hb), 0), maxHeartbeatAge)
+}
+
 // addLoaded indexes a lease read from a record or the journal and returns
 // its entry; its heartbeat is placed on the monotonic clock by its age at
 // now. The caller holds mu or has the store to itself.
 func (s *FileStore) addLoaded(l Lease, hash string, now time.Time, mono time.Duration) *entry {
 	e := &entry{lease: l, hash: hash}
 	s.fillExpiry(&e.lease)
-	age := max(now.Sub(e.lease.HeartbeatAt), 0)
-	e.hbMono = mono - age
+	e.hbMono = heartbeatMono(e.lease.HeartbeatAt, now, mono)
 	s.leases[l.ID] = e
 	s.hw = max(s.hw, e.lease.Generation)
 	return e

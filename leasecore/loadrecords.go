@@ -79,8 +79,7 @@ func (s *FileStore) loadRecords(names []string, cache *recordCache) error {
 						}
 					}
 					if e != nil {
-						age := max(now.Sub(e.lease.HeartbeatAt), 0)
-						e.hbMono = mono - age
+						e.hbMono = heartbeatMono(e.lease.HeartbeatAt, now, mono)
 						found[w] = append(found[w], e)
 					}
 				}

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -417,5 +418,39 @@ func TestReadOnlyOpenDoesNotHangOnAHeldLock(t *testing.T) {
 	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true})
 	if l, err := ro.Live(context.Background(), "x"); err != nil || l.Resource != "x" {
 		t.Fatalf("read-only Live behind a held lock = %+v, %v", l, err)
+	}
+}
+
+// TestAncientHeartbeatIsExpired: a record whose heartbeat is so old that
+// the wall clock's difference saturates (year 1677) loads as expired, as
+// one from 1900 does, rather than wrapping around to a lease that never
+// expires.
+func TestAncientHeartbeatIsExpired(t *testing.T) {
+	t.Parallel()
+	for _, year := range []int{1, 1677, 1900, 1970} {
+		t.Run(strconv.Itoa(year), func(t *testing.T) {
+			t.Parallel()
+			s, clock, state := newTestStore(t, Options{})
+			g := reserve(t, s, "old")
+			s.Close()
+			l := g.Lease
+			l.HeartbeatAt = time.Date(year, 9, 22, 0, 0, 0, 0, time.UTC)
+			l.StartedAt = l.HeartbeatAt
+			if err := os.WriteFile(recordPath(state, l.ID), encodeRecord(&l, HashToken(g.Token)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for _, ro := range []bool{true, false} {
+				s := openStore(t, state, Options{Clock: clock, ReadOnly: ro})
+				if _, err := s.Live(ctx, "old"); !errors.Is(err, ErrNotFound) {
+					t.Errorf("read-only %v: Live of a lease last heartbeat in %d = %v, want ErrNotFound", ro, year, err)
+				}
+				clock.Advance(time.Second)
+				if _, err := s.Live(ctx, "old"); !errors.Is(err, ErrNotFound) {
+					t.Errorf("read-only %v, a second later: Live of a lease last heartbeat in %d = %v, want ErrNotFound", ro, year, err)
+				}
+				s.Close()
+			}
+		})
 	}
 }
