@@ -90,6 +90,11 @@ func (s *FileStore) rotate() error {
 	if err := s.settleCheckpoint(); err != nil {
 		return err
 	}
+	// The finished epoch's checkpoint syncs its records: every one of
+	// them must be in its file first.
+	if err := s.flushLagging(0); err != nil {
+		return err
+	}
 	j := s.jnl()
 	if _, err := j.await(j.pending()); err != nil {
 		return err
@@ -134,6 +139,9 @@ func (s *FileStore) fullCheckpoint() error {
 	// records synced below hold it all.
 	_, _ = j.await(j.pending())
 	if err := s.settleCheckpoint(); err != nil {
+		return err
+	}
+	if err := s.flushLagging(0); err != nil {
 		return err
 	}
 	if err := s.syncRecords(slices.Collect(maps.Keys(s.dirty))); err != nil {
@@ -258,7 +266,7 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 		}
 		e := s.addLoaded(l, hash, now, mono)
 		if !s.opts.ReadOnly {
-			stamp, err := s.putRecord(id, data)
+			stamp, err := s.putRecord(id, data, false)
 			if err != nil {
 				return err
 			}

@@ -227,8 +227,8 @@ func TestPutRecordGuessesWrong(t *testing.T) {
 	}
 	s.mu.Lock()
 	free := len(s.pool.free)
-	_, err1 := s.putRecord(g.Lease.ID, []byte("known record"))
-	_, err2 := s.putRecord(unknown, []byte("unknown record"))
+	_, err1 := s.putRecord(g.Lease.ID, []byte("known record"), false)
+	_, err2 := s.putRecord(unknown, []byte("unknown record"), true)
 	freed := len(s.pool.free) - free
 	s.mu.Unlock()
 	if err1 != nil || err2 != nil {

@@ -56,6 +56,12 @@ type FileStore struct {
 	// dirty holds the lease ids whose records changed in the active epoch.
 	// Guarded by mu.
 	dirty map[string]struct{}
+	// lagging holds the records whose latest change is journaled but not
+	// yet written to their files, by lease id (writebehind.go); each is
+	// also in dirty. Guarded by mu.
+	lagging map[string]laggingRecord
+	// flusher writes lagging records in the background.
+	flusher recordFlusher
 	// ckpt is the background checkpoint of prev's epoch, nil once it has
 	// succeeded and been accounted. Guarded by mu.
 	ckpt *backgroundCheckpoint
@@ -115,7 +121,7 @@ var (
 func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
 	opts = opts.withDefaults()
-	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}),
+	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}), lagging: make(map[string]laggingRecord),
 		checkpointAt: checkpointBytes, minCached: minCachedRecords}
 	s.store = newStore(opts, s)
 	if opts.ReadOnly {
@@ -152,6 +158,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 		// back a record name that pointed to one of them.
 		s.adoptSpares(err == nil)
 		s.startWaitersWriter()
+		s.startFlusher()
 		s.startReaper()
 		if s.cacheMisses >= max(len(s.leases)/8, 1) {
 			s.mu.Lock()
@@ -172,6 +179,7 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 // record cache.
 func (s *FileStore) Close() error {
 	s.stopRecordCache()
+	s.stopFlusher()
 	return s.store.Close()
 }
 
@@ -496,23 +504,30 @@ func writeFile(dir *os.File, path string, data []byte) error {
 	return nil
 }
 
-// writeRecord replaces the record of l (a temporary file renamed over it,
-// visible at once) and appends it to the journal, which makes it durable
-// at the next commit (persister). The caller holds mu.
+// writeRecord appends the record of l to the journal, which makes it
+// durable at the next commit, and replaces its file: at once (a spare
+// file exchanged with it), or written behind for a change that only
+// updates a live lease (writebehind.go) (persister). The caller holds mu.
 func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 	if err := s.journalReady(); err != nil {
 		return recordStamp{}, err
 	}
 	data := encodeRecord(l, hash)
+	if s.writesBehind(l) {
+		return recordStamp{}, s.writeBehind(l, data)
+	}
 	unlock, err := s.flock(unix.LOCK_EX)
 	if err != nil {
 		return recordStamp{}, err
 	}
 	defer unlock()
-	stamp, err := s.putRecord(l.ID, data)
+	r, lagging := s.lagging[l.ID]
+	stamp, err := s.putRecord(l.ID, data, s.leases[l.ID] == nil || lagging && r.fresh)
 	if err != nil {
 		return recordStamp{}, err
 	}
+	// This write supersedes a lagging one.
+	delete(s.lagging, l.ID)
 	s.jnl().append(entryRecord, data)
 	return stamp, nil
 }
@@ -529,8 +544,9 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 // times the write on ext4. A failure (ENOSPC, EROFS, EIO) leaves the old
 // record in place. It returns the stamp of the record's file, zero if it
 // cannot be had (the record is then left out of the record cache). The
-// caller holds mu and the store lock.
-func (s *FileStore) putRecord(id string, data []byte) (recordStamp, error) {
+// caller holds mu and the store lock; fresh says whether no file of the
+// record is thought to exist yet.
+func (s *FileStore) putRecord(id string, data []byte, fresh bool) (recordStamp, error) {
 	path := filepath.Join(s.dir, id+".toml")
 	if err := s.checkSpace(); err != nil {
 		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
@@ -553,7 +569,7 @@ func (s *FileStore) putRecord(id string, data []byte) (recordStamp, error) {
 		}
 	}
 	flags := uint(unix.RENAME_EXCHANGE)
-	if s.leases[id] == nil {
+	if fresh {
 		flags = unix.RENAME_NOREPLACE
 	}
 	for range 2 {
@@ -642,6 +658,8 @@ func (s *FileStore) removeRecords(ids []string) error {
 	defer unlock()
 	seq := s.jnl().pending() + 1 // the removal entry
 	for i, id := range ids {
+		// A lagging write of a pruned record is void.
+		delete(s.lagging, id)
 		if err := s.pool.recycle(filepath.Join(s.dir, id+".toml"), s.dir, seq); err != nil {
 			if i > 0 {
 				s.jnl().append(entryRemoved, []byte(strings.Join(ids[:i], "\n")))

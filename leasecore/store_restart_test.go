@@ -318,8 +318,9 @@ func TestDuplicateActiveRecordsNewerWins(t *testing.T) {
 }
 
 // A change that cannot be persisted is refused with a *PersistError and
-// changes nothing, in memory or on disk. The leases directory is moved away
-// (root ignores permission bits, so chmod cannot make it unwritable).
+// changes nothing, in memory or on disk; a renew, whose record is written
+// behind, is durable in the journal alone. The leases directory is moved
+// away (root ignores permission bits, so chmod cannot make it unwritable).
 func TestPersistFailureChangesNothing(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newTestStore(t, Options{})
@@ -341,25 +342,34 @@ func TestPersistFailureChangesNothing(t *testing.T) {
 	}
 	_, err := s.Reserve(ctx, Draft{Resource: "y"})
 	checkPersist("Reserve", err)
-	_, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
-	checkPersist("Renew", err)
 	_, err = s.End(ctx, g.Lease.ID, StatusComplete)
 	checkPersist("End", err)
-	_, err = s.RequestTakeover(ctx, g.Lease.ID, TakeoverRequest{By: "me"})
-	checkPersist("RequestTakeover", err)
+	// A renew is durable in the journal, outside the leases directory, and
+	// its record is written behind: it is not refused, and its record is
+	// written once the directory is back.
+	renewed, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
+	if err != nil {
+		t.Fatalf("Renew with the leases directory gone: %v, want it written behind", err)
+	}
 
 	if err := os.Rename(moved, dir); err != nil {
 		t.Fatal(err)
 	}
 	l, err := s.Live(ctx, "x")
-	if err != nil || !l.HeartbeatAt.Equal(testStart) || l.TakeoverRequestedBy != "" {
-		t.Fatalf("after failed changes: Live(x) = %+v, %v; want unchanged", l, err)
+	if err != nil || !l.HeartbeatAt.Equal(renewed.HeartbeatAt) || l.Generation != g.Lease.Generation {
+		t.Fatalf("after failed changes: Live(x) = %+v, %v; want the renewed lease", l, err)
 	}
 	if _, err := s.Live(ctx, "y"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("failed Reserve left a lease on y: %v", err)
 	}
 	if g2 := reserve(t, s, "y"); g2.Lease.Generation != g.Lease.Generation+1 {
 		t.Errorf("failed Reserve consumed a generation: got %d, want %d", g2.Lease.Generation, g.Lease.Generation+1)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID))); err != nil || !rec.HeartbeatAt.Equal(renewed.HeartbeatAt) {
+		t.Errorf("record after Close: heartbeat %v, %v; want %v", rec.HeartbeatAt, err, renewed.HeartbeatAt)
 	}
 }
 
