@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -109,11 +110,35 @@ daemon serving the default state directory.`,
 	}
 	f := cmd.Flags()
 	f.BoolVarP(&o.noWait, "nonblock", "n", false, "fail at once if NAME is held")
-	f.DurationVarP(&o.wait, "wait", "w", 0, "give up after waiting this long")
+	f.VarP((*waitDuration)(&o.wait), "wait", "w", "give up after waiting this long: a duration (30s, 1m30s) or seconds as flock(1) takes them (30, 0.5)")
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
 	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the default state's mountpoint)")
 	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
 	return cmd
+}
+
+// waitDuration is the value of lock's -w: a Go duration ("30s", "1m30s")
+// or, as flock(1)'s -w takes it, a plain number of seconds ("30", "0.5").
+// A pflag.Value; not safe for concurrent use.
+type waitDuration time.Duration
+
+func (d *waitDuration) String() string { return time.Duration(*d).String() }
+
+func (d *waitDuration) Type() string { return "duration" }
+
+// Set parses s. Errors: neither a duration nor a decimal number of
+// seconds, or one beyond what time.Duration holds (about 292 years).
+func (d *waitDuration) Set(s string) error {
+	if v, err := time.ParseDuration(s); err == nil {
+		*d = waitDuration(v)
+		return nil
+	}
+	secs, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || math.Abs(secs) > math.MaxInt64/float64(time.Second) {
+		return fmt.Errorf("%q: want a duration (30s, 1m30s) or a number of seconds (30, 0.5)", s)
+	}
+	*d = waitDuration(time.Duration(secs * float64(time.Second)))
+	return nil
 }
 
 // exitCode is an error that only sets the exit status; nothing is printed.

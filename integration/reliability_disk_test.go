@@ -207,6 +207,26 @@ func stateSnapshot(t testing.TB, state string) map[string]string {
 	return snap
 }
 
+// settledSnapshot returns a [stateSnapshot] once the state directory has stopped changing:
+// two snapshots half a second apart are equal. The daemon writes the record files of renews
+// and binds behind their journal entries, within 100 ms (docs/PROTOCOL.md §4.3), so a
+// snapshot taken right after such a change may see the file change later, by no new call.
+func settledSnapshot(t testing.TB, state string) map[string]string {
+	t.Helper()
+	snap := stateSnapshot(t, state)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		time.Sleep(500 * time.Millisecond)
+		next := stateSnapshot(t, state)
+		if diffSnapshots(snap, next) == "" {
+			return next
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the state directory %s keeps changing with no call made:\n%s", state, diffSnapshots(snap, next))
+		}
+		snap = next
+	}
+}
+
 // diffSnapshots describes how two [stateSnapshot]s differ ("" when equal).
 func diffSnapshots(before, after map[string]string) string {
 	var diffs []string
@@ -405,7 +425,7 @@ func runDiskFaultRounds(t *testing.T, tl *outcomeTally, fs *diskFS, fault diskFa
 
 	for round := 1; round <= rounds; round++ {
 		n := fmt.Sprint(round)
-		before := stateSnapshot(t, d.state)
+		before := settledSnapshot(t, d.state)
 		_, docBefore := statusDoc(t, filepath.Join(m, "held"))
 		listBefore := cliJSON(t, "ls", "--state", d.state, "--json")
 		refusedBefore := refusedLines(d)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
@@ -85,10 +86,38 @@ var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "
 // a token, and files that are neither records nor the store's own files are
 // temporary files a crash left behind; scan returns their paths.
 func (sc *stateChecker) scan(tokens map[string]bool) []string {
+	return sc.walk(tokens, false)
+}
+
+// scanServed is scan while a daemon serves the state directory. It holds the
+// shared store lock (writer-leases/.lock), as every reader of the records
+// does (docs/PROTOCOL.md §4.3), so that no record is exchanged or its old
+// file reused while it reads; files the daemon adds or removes beside the
+// records meanwhile (its spares, its own pending files) are neither
+// leftovers nor errors.
+func (sc *stateChecker) scanServed(tokens map[string]bool) {
+	lock, err := os.Open(filepath.Join(sc.state, relLeasesDir, ".lock"))
+	if err != nil {
+		sc.add("state directory unreadable", "%v", err)
+		return
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_SH); err != nil {
+		sc.add("store lock", "flock LOCK_SH: %v", err)
+		return
+	}
+	sc.walk(tokens, true)
+}
+
+func (sc *stateChecker) walk(tokens map[string]bool, served bool) []string {
 	var leftovers []string
 	seen := map[string]bool{}
 	spares := 0
+	gone := func(err error) bool { return served && errors.Is(err, fs.ErrNotExist) }
 	err := filepath.WalkDir(sc.state, func(path string, de fs.DirEntry, err error) error {
+		if gone(err) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -113,11 +142,17 @@ func (sc *stateChecker) scan(tokens map[string]bool) []string {
 			if !de.Type().IsRegular() {
 				sc.add("spare file not a regular file", "%s: %v", path, de.Type())
 			}
+		case served:
+			// The daemon's own pending file (generation, namespaces,
+			// record cache), not a crash's leftover.
 		default:
 			leftovers = append(leftovers, path)
 			sc.tempSeen++
 		}
 		info, err := de.Info()
+		if gone(err) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -131,6 +166,9 @@ func (sc *stateChecker) scan(tokens map[string]bool) []string {
 			sc.files[path] = stamp
 		}
 		data, err := os.ReadFile(path)
+		if gone(err) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -348,21 +386,34 @@ func (sc *stateChecker) verifyAcknowledged(h *opHistory, kill int64, crash int) 
 				wantMode = "handle"
 			}
 			if rec.Generation != o.gen || rec.Thread != sc.ns+"/"+o.name || rec.Mode != wantMode {
-				sc.add("acknowledged reserve lost", "crash %d: %s, but the record says thread %s generation %d mode %s",
-					crash, o, rec.Thread, rec.Generation, rec.Mode)
+				sc.add("acknowledged reserve lost", "crash %d: %s, but the record says thread %s generation %d mode %s%s",
+					crash, o, rec.Thread, rec.Generation, rec.Mode, sc.fileNow(o.lease))
 			}
 		case "renew":
 			if hb := recordTimeOf(rec.HeartbeatAt); hb.Before(called) {
-				sc.add("acknowledged renew lost", "crash %d: %s called at %s, but heartbeat_at = %s",
-					crash, o, called.UTC().Format(time.RFC3339Nano), rec.HeartbeatAt)
+				sc.add("acknowledged renew lost", "crash %d: %s called at %s, but heartbeat_at = %s%s",
+					crash, o, called.UTC().Format(time.RFC3339Nano), rec.HeartbeatAt, sc.fileNow(o.lease))
 			}
 		case "rel":
 			if rec.Status != releaseStatus(o.action) || recordTimeOf(rec.CompletedAt).Before(called) {
-				sc.add("acknowledged release lost", "crash %d: %s (%s) called at %s, but the record says status %s completed_at %s",
-					crash, o, o.action, called.UTC().Format(time.RFC3339Nano), rec.Status, rec.CompletedAt)
+				sc.add("acknowledged release lost", "crash %d: %s (%s) called at %s, but the record says status %s completed_at %s%s",
+					crash, o, o.action, called.UTC().Format(time.RFC3339Nano), rec.Status, rec.CompletedAt, sc.fileNow(o.lease))
 			}
 		}
 	}
+}
+
+// fileNow describes the record file of lease id as it is now, beside the
+// version the checker parsed last, for a violation's message.
+func (sc *stateChecker) fileNow(id string) string {
+	path := filepath.Join(sc.state, relLeasesDir, id+".toml")
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return fmt.Sprintf("\n  record file now: %v", err)
+	}
+	data, _ := os.ReadFile(path)
+	return fmt.Sprintf("\n  record file now: ino %d size %d mtime %d (parsed last: %+v):\n%s",
+		st.Ino, st.Size, st.Mtim.Nano(), sc.files[path], data)
 }
 
 // restartSnapshot is `leasefs ls --json` just before and just after one

@@ -247,7 +247,7 @@ func testOtherUIDForbidden(t *testing.T, tl *outcomeTally) {
 	for _, n := range []string{"target", "rootns/inner", "handle"} {
 		_, docs[n] = statusDoc(t, filepath.Join(m, n))
 	}
-	before := stateSnapshot(t, d.state)
+	before := settledSnapshot(t, d.state)
 	hashes := recordHashes(t, d.state)
 	st, _ := statusDoc(t, filepath.Join(m, "target"))
 	record := st["lease_id"] + ".toml"

@@ -19,6 +19,9 @@ import (
 // document, the xattrs (user.lease.KEY), JSON and commands. Options:
 //
 //	optional   omitted from every view while it has its zero value
+//	recordopt  omitted from records while it has its zero value, which no
+//	           real value has (a pid of 0, an empty host name); shown in
+//	           the other views, where the key is required
 //	record=K   named K in records (the reference store's name)
 //	norecord   not written to records (derived, e.g. expires_at)
 //	nostatus   only in records (e.g. holder_gid, pid_start_ticks)
@@ -39,9 +42,11 @@ type field struct {
 	record   string // key in records; "" when not recorded
 	status   bool   // shown in the status document, xattrs and JSON
 	optional bool
-	command  bool
-	kind     fieldKind
-	index    int // index in Lease
+	// recordOpt: omitted from records while unset (the recordopt option).
+	recordOpt bool
+	command   bool
+	kind      fieldKind
+	index     int // index in Lease
 }
 
 // leaseFields is the table of lease fields in status document order.
@@ -63,6 +68,8 @@ func parseFields(t reflect.Type) []field {
 			switch {
 			case opt == "optional":
 				f.optional = true
+			case opt == "recordopt":
+				f.recordOpt = true
 			case opt == "norecord":
 				f.record = ""
 			case opt == "nostatus":

@@ -323,7 +323,8 @@ func (s *FileStore) flock(how int) (func(), error) {
 }
 
 // readLockWait bounds how long a read-only store waits for the shared
-// store lock. A writer holds it only for one record write; a longer hold
+// store lock. A writer holds it only for one record write or one chunk of
+// written-behind records (flushChunk); a longer hold
 // means a writer that cannot let go — a killed daemon stuck in the kernel
 // on its own mount, which keeps its descriptors (and locks) until its FUSE
 // connection is aborted — and "leasefs ls" must not hang behind it.
@@ -611,11 +612,18 @@ const minFreeBytes = 64 << 10
 
 // checkSpace fails with ENOSPC when the state filesystem has less than
 // minFreeBytes free (statfs(2) f_bfree; the daemon runs as root, who may
-// use the reserved blocks).
+// use the reserved blocks), and with EROFS when the records directory is
+// on a read-only mount (f_flags ST_RDONLY) — which a written-behind change,
+// durable through the journal's open descriptor, would not otherwise see.
 func (s *FileStore) checkSpace() error {
 	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(s.dirFile.Fd()), &st); err != nil {
+	// By path, not by the open directory: a read-only mount stacked on
+	// the state directory shows only there.
+	if err := unix.Statfs(s.dir, &st); err != nil {
 		return err
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		return unix.EROFS
 	}
 	if st.Bfree*uint64(st.Bsize) < minFreeBytes {
 		return unix.ENOSPC

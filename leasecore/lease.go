@@ -61,8 +61,8 @@ type Lease struct {
 
 	HolderUID uint32 `lease:"holder_uid"`
 	HolderGID uint32 `lease:"holder_gid,nostatus"`
-	HolderPID int    `lease:"holder_pid"` // the process that reserved (informational)
-	Host      string `lease:"host"`       // host name of the reserving daemon
+	HolderPID int    `lease:"holder_pid,recordopt"` // the process that reserved (informational)
+	Host      string `lease:"host,recordopt"`       // host name of the reserving daemon
 
 	StartedAt   time.Time `lease:"started_at"`
 	HeartbeatAt time.Time `lease:"heartbeat_at"`

@@ -26,11 +26,12 @@ const maxRecordBytes = 1 << 20
 
 // encodeRecord renders lease l and its token hash as a record
 // (docs/PROTOCOL.md §4.3): one "key = value" line per recorded field, the
-// reference store's names, optional fields omitted while unset.
+// reference store's names, optional fields omitted while unset (and so
+// are holder_pid and host, unset in records of the reference store).
 func encodeRecord(l *Lease, tokenHash string) []byte {
 	var b strings.Builder
 	for _, f := range leaseFields {
-		if f.record == "" || f.optional && f.unset(l) {
+		if f.record == "" || (f.optional || f.recordOpt) && f.unset(l) {
 			continue
 		}
 		b.WriteString(f.record)

@@ -131,6 +131,13 @@ func TestReferenceRecordLoads(t *testing.T) {
 			if rec["generation"] != int64(8) || rec["token_hash"] != HashToken(testToken) || rec["thread"] != "feature/a" {
 				t.Errorf("generation not persisted or record damaged: %v", rec)
 			}
+			// Unset fields stay out of the rewritten record: the
+			// reference store would read holder_pid = 0 as a value.
+			for _, key := range []string{"holder_pid", "host", "pid", "client"} {
+				if v, ok := rec[key]; ok {
+					t.Errorf("rewritten record has %s = %v; unset fields are omitted", key, v)
+				}
+			}
 			// The reference token renews the lease.
 			clock.Advance(time.Minute)
 			if _, err := s.Renew(ctx, id, testToken, Annotations{}); err != nil {

@@ -318,9 +318,10 @@ func TestDuplicateActiveRecordsNewerWins(t *testing.T) {
 }
 
 // A change that cannot be persisted is refused with a *PersistError and
-// changes nothing, in memory or on disk; a renew, whose record is written
-// behind, is durable in the journal alone. The leases directory is moved
-// away (root ignores permission bits, so chmod cannot make it unwritable).
+// changes nothing, in memory or on disk — a renew too, although its record
+// would be written behind: the store checks the records directory before
+// it journals one. The leases directory is moved away (root ignores
+// permission bits, so chmod cannot make it unwritable).
 func TestPersistFailureChangesNothing(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newTestStore(t, Options{})
@@ -342,22 +343,19 @@ func TestPersistFailureChangesNothing(t *testing.T) {
 	}
 	_, err := s.Reserve(ctx, Draft{Resource: "y"})
 	checkPersist("Reserve", err)
+	_, err = s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
+	checkPersist("Renew", err)
 	_, err = s.End(ctx, g.Lease.ID, StatusComplete)
 	checkPersist("End", err)
-	// A renew is durable in the journal, outside the leases directory, and
-	// its record is written behind: it is not refused, and its record is
-	// written once the directory is back.
-	renewed, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{})
-	if err != nil {
-		t.Fatalf("Renew with the leases directory gone: %v, want it written behind", err)
-	}
+	_, err = s.RequestTakeover(ctx, g.Lease.ID, TakeoverRequest{By: "me"})
+	checkPersist("RequestTakeover", err)
 
 	if err := os.Rename(moved, dir); err != nil {
 		t.Fatal(err)
 	}
 	l, err := s.Live(ctx, "x")
-	if err != nil || !l.HeartbeatAt.Equal(renewed.HeartbeatAt) || l.Generation != g.Lease.Generation {
-		t.Fatalf("after failed changes: Live(x) = %+v, %v; want the renewed lease", l, err)
+	if err != nil || !l.HeartbeatAt.Equal(testStart) || l.TakeoverRequestedBy != "" {
+		t.Fatalf("after failed changes: Live(x) = %+v, %v; want unchanged", l, err)
 	}
 	if _, err := s.Live(ctx, "y"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("failed Reserve left a lease on y: %v", err)
@@ -368,8 +366,8 @@ func TestPersistFailureChangesNothing(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if rec, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID))); err != nil || !rec.HeartbeatAt.Equal(renewed.HeartbeatAt) {
-		t.Errorf("record after Close: heartbeat %v, %v; want %v", rec.HeartbeatAt, err, renewed.HeartbeatAt)
+	if rec, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID))); err != nil || !rec.HeartbeatAt.Equal(testStart) || rec.TakeoverRequestedBy != "" {
+		t.Errorf("record after Close: %+v, %v; want it unchanged", rec, err)
 	}
 }
 
