@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,7 +104,7 @@ func TestAnnotationsOnRelease(t *testing.T) {
 		if h["status"] != wantStatus || h["anchor_state"] != "deadbeef" || h["task_assignment_id"] != "t-9" {
 			t.Errorf("%s: history entry = %v", action, h)
 		}
-		rec := readRecord(t, d.state, id)
+		rec := readRecord(t, d.state, id, func(rec map[string]any) bool { return rec["status"] == wantStatus })
 		if rec["anchor_state"] != "deadbeef" || rec["status"] != wantStatus {
 			t.Errorf("%s: record = %v", action, rec)
 		}
@@ -118,7 +120,7 @@ func TestRecordOmitsUnsetPID(t *testing.T) {
 	p := filepath.Join(d.mountpoint, "nopid")
 	reserve(t, p)
 	id := parseStatus(t, mustSh(t, `cat "$P"`, "P="+p).stdout)["lease_id"]
-	rec := readRecord(t, d.state, id)
+	rec := readRecord(t, d.state, id, nil)
 	for _, k := range []string{"pid", "pid_start_ticks", "client", "completed_at", "waiters", "expires_at"} {
 		if v, ok := rec[k]; ok {
 			t.Errorf("record writes unset %s = %#v", k, v)
@@ -126,16 +128,28 @@ func TestRecordOmitsUnsetPID(t *testing.T) {
 	}
 }
 
-// readRecord parses the record of lease id in state.
-func readRecord(t testing.TB, state, id string) map[string]any {
+// readRecord parses the record of lease id in state once it exists and
+// satisfies done (any version when done is nil). A serving daemon writes
+// record files behind the change, within 100 ms (docs/PROTOCOL.md §4.3);
+// the deadline only keeps a record that never comes from hanging the test,
+// which then gets the last version read.
+func readRecord(t testing.TB, state, id string, done func(map[string]any) bool) map[string]any {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(state, "writer-leases", id+".toml"))
-	if err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		data, err := os.ReadFile(filepath.Join(state, "writer-leases", id+".toml"))
+		switch {
+		case err == nil:
+			m := map[string]any{}
+			if _, err := toml.Decode(string(data), &m); err != nil {
+				t.Fatalf("record %s: %v\n%s", id, err, data)
+			}
+			if done == nil || done(m) || time.Now().After(deadline) {
+				return m
+			}
+		case !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline):
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	m := map[string]any{}
-	if _, err := toml.Decode(string(data), &m); err != nil {
-		t.Fatalf("record %s: %v\n%s", id, err, data)
-	}
-	return m
 }

@@ -210,6 +210,9 @@ func TestTokenNeverStored(t *testing.T) {
 	}
 	mustSh(t, "cat >| \"$P\" <<EOF\ntoken = \"$TOK\"\naction = \"complete\"\nEOF\nrm \"$Q\"",
 		"P="+filepath.Join(d.mountpoint, "s2"), "TOK="+toks[1], "Q="+filepath.Join(d.mountpoint, "s3"))
+	// Record files are written behind while the daemon serves
+	// (docs/PROTOCOL.md §4.3); a clean stop writes every one.
+	d.stop(true)
 
 	if fi, err := os.Stat(d.state); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("state directory: %v, %v; want mode 0700", fi.Mode(), err)

@@ -208,9 +208,9 @@ func stateSnapshot(t testing.TB, state string) map[string]string {
 }
 
 // settledSnapshot returns a [stateSnapshot] once the state directory has stopped changing:
-// two snapshots half a second apart are equal. The daemon writes the record files of renews
-// and binds behind their journal entries, within 100 ms (docs/PROTOCOL.md §4.3), so a
-// snapshot taken right after such a change may see the file change later, by no new call.
+// two snapshots half a second apart are equal. The daemon writes record files behind their
+// journal entries, within 100 ms (docs/PROTOCOL.md §4.3), so a snapshot taken right after a
+// change may see its file appear or change later, by no new call.
 func settledSnapshot(t testing.TB, state string) map[string]string {
 	t.Helper()
 	snap := stateSnapshot(t, state)

@@ -555,6 +555,7 @@ func testBruteForce(t *testing.T, tl *outcomeTally, figures map[string]string) {
 	holder.expectKey("ready", holdTimeout)
 	token := holder.expectKey("token", holdTimeout)
 	st0, _ := statusDoc(t, p)
+	settledSnapshot(t, d.state) // the new lease's record file is written behind
 	hashes := recordHashes(t, d.state)
 
 	measure := func(label string) (p50, p99 float64) {

@@ -105,6 +105,7 @@ func TestRecordOmitsUnsetOptionalFields(t *testing.T) {
 	t.Parallel()
 	s, _, state := newTestStore(t, Options{})
 	g := reserve(t, s, "x")
+	flushRecords(t, s)
 	rec := readRecordMap(t, recordPath(state, g.Lease.ID))
 	for _, k := range []string{"pid", "pid_start_ticks", "completed_at", "actor_session_id", "task_assignment_id",
 		"anchor_state", "anchor_root", "path", "client", "takeover_requested_by", "takeover_requested_at",
@@ -116,6 +117,7 @@ func TestRecordOmitsUnsetOptionalFields(t *testing.T) {
 	if _, err := s.Renew(context.Background(), g.Lease.ID, g.Token, Annotations{"pid": "0", "client": ""}); err != nil {
 		t.Fatal(err)
 	}
+	flushRecords(t, s)
 	rec = readRecordMap(t, recordPath(state, g.Lease.ID))
 	for _, k := range []string{"pid", "pid_start_ticks", "client"} {
 		if v, ok := rec[k]; ok {
@@ -144,6 +146,7 @@ func TestReleaseAppliesAnnotations(t *testing.T) {
 			if err != nil || len(hist) != 1 || hist[0].AnchorState != "deadbeef" {
 				t.Fatalf("History = %+v, %v", hist, err)
 			}
+			flushRecords(t, s)
 			if rec := readRecordMap(t, recordPath(state, g.Lease.ID)); rec["anchor_state"] != "deadbeef" || rec["status"] != string(status) {
 				t.Errorf("record = %v", rec)
 			}

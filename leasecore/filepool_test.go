@@ -65,6 +65,7 @@ func TestSparesMadeInBackground(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	flushRecords(t, s)
 	s.mu.Lock()
 	created := s.pool.inline - inline
 	s.mu.Unlock()
@@ -148,6 +149,7 @@ func TestSparesAdoptedAtStart(t *testing.T) {
 	// An adopted spare (which may hold an old record) becomes a record
 	// whole, and no file is created for it.
 	g := reserve(t, s, "second")
+	flushRecords(t, s)
 	s.mu.Lock()
 	inline := s.pool.inline
 	s.mu.Unlock()
@@ -184,6 +186,7 @@ func TestUnwritableSpareIsReplaced(t *testing.T) {
 	s.pool.made = []string{bad}
 	s.pool.mu.Unlock()
 	g := reserve(t, s, "x")
+	flushRecords(t, s)
 	l, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID)))
 	if err != nil || l.Resource != "x" {
 		t.Errorf("record written past an unwritable spare: %+v, %v", l, err)
@@ -218,6 +221,7 @@ func TestPutRecordGuessesWrong(t *testing.T) {
 	state := t.TempDir()
 	s := openStore(t, state, Options{Clock: clocktest.NewFakeClock(testStart)})
 	g := reserve(t, s, "known")
+	flushRecords(t, s)
 	if err := os.Remove(recordPath(state, g.Lease.ID)); err != nil {
 		t.Fatal(err)
 	}

@@ -514,7 +514,7 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 		return recordStamp{}, err
 	}
 	data := encodeRecord(l, hash)
-	if s.writesBehind(l) {
+	if s.writesBehind() {
 		return recordStamp{}, s.writeBehind(l, data)
 	}
 	unlock, err := s.flock(unix.LOCK_EX)

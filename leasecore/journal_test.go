@@ -63,7 +63,8 @@ func loseRecords(t *testing.T, img string) {
 }
 
 // journalChanges makes acknowledged changes of every kind in s: a renewed
-// lease, an ended one and a live one.
+// lease, an ended one and a live one, and writes their record files as the
+// flusher would.
 func journalChanges(t *testing.T, s *FileStore, clock *clocktest.FakeClock) (renewed, ended, live Lease) {
 	t.Helper()
 	ctx := context.Background()
@@ -79,6 +80,7 @@ func journalChanges(t *testing.T, s *FileStore, clock *clocktest.FakeClock) (ren
 		t.Fatal(err)
 	}
 	c := reserve(t, s, "c")
+	flushRecords(t, s)
 	return l, e, c.Lease
 }
 

@@ -187,6 +187,7 @@ func TestRecordHasReferenceFields(t *testing.T) {
 	if _, err := s.End(ctx, g.Lease.ID, StatusComplete); err != nil {
 		t.Fatal(err)
 	}
+	flushRecords(t, s)
 	rec := readRecordMap(t, recordPath(state, g.Lease.ID))
 	wantStrings := map[string]string{
 		"lease_id": g.Lease.ID, "thread": "feature/x", "actor_session_id": "agent-one",

@@ -392,6 +392,7 @@ func TestRecordCacheSeesChangesSinceItWasWritten(t *testing.T) {
 	if _, err := s.End(context.Background(), x.ID, StatusAbandoned); err != nil {
 		t.Fatal(err)
 	}
+	flushRecords(t, s)
 	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true, NoDaemon: true})
 	checkChanges(t, ro, renewed, ended, live)
 	// a, b and c are not in the cache, x changed since: 4 read from their

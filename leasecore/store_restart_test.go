@@ -84,6 +84,7 @@ func TestGenerationSurvivesPruning(t *testing.T) {
 			if _, err := s.Reap(ctx); err != nil {
 				t.Fatalf("Reap: %v", err)
 			}
+			flushRecords(t, s)
 			if n := recordFiles(t, state); n != 2 {
 				t.Fatalf("%d records after pruning, want 2", n)
 			}
@@ -401,6 +402,7 @@ func TestDeferrableEndsSurvivePersistFailure(t *testing.T) {
 	if _, err := s.Reap(ctx); err != nil {
 		t.Fatalf("Reap once the disk works: %v", err)
 	}
+	flushRecords(t, s)
 	for id, want := range map[string]string{expiring.Lease.ID: "abandoned", handle.Lease.ID: "complete"} {
 		if data := string(readFile(t, recordPath(state, id))); !strings.Contains(data, `status = "`+want+`"`) {
 			t.Errorf("record of %s after Reap:\n%s\nwant status %s", id, data, want)

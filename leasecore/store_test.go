@@ -128,6 +128,7 @@ func TestReserveGrant(t *testing.T) {
 	if err != nil || got.ID != l.ID || got.Generation != l.Generation {
 		t.Fatalf("Live = %+v, %v; want lease %s", got, err, l.ID)
 	}
+	flushRecords(t, s)
 	if _, err := os.Stat(recordPath(state, l.ID)); err != nil {
 		t.Fatalf("record not written: %v", err)
 	}
@@ -140,6 +141,7 @@ func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 	mkdir(t, s, "feature")
 	ctx := context.Background()
 	g := reserve(t, s, "feature/a")
+	flushRecords(t, s)
 	path := recordPath(state, g.Lease.ID)
 	before := readFile(t, path)
 	clock.Advance(time.Minute)
@@ -148,6 +150,7 @@ func TestTokenRequiredToRenewAndRelease(t *testing.T) {
 	wantErr(t, "Renew with a wrong token", err, ErrTokenMismatch)
 	_, err = s.Release(ctx, g.Lease.ID, NewToken(), StatusComplete, nil)
 	wantErr(t, "Release with a wrong token", err, ErrTokenMismatch)
+	flushRecords(t, s)
 	if after := readFile(t, path); !bytes.Equal(before, after) {
 		t.Fatalf("a refused token changed the record:\n%s\n---\n%s", before, after)
 	}
@@ -200,6 +203,7 @@ func TestExpiredLeaseDoesNotBlockNewOwner(t *testing.T) {
 	if old.Status != StatusAbandoned || !old.CompletedAt.Equal(clock.Now()) {
 		t.Errorf("expired lease: status %s completed_at %v, want abandoned at %v", old.Status, old.CompletedAt, clock.Now())
 	}
+	flushRecords(t, s)
 	rec := readRecordMap(t, recordPath(state, first.Lease.ID))
 	if rec["status"] != "abandoned" || rec["completed_at"] == nil {
 		t.Errorf("expired record on disk: status %v completed_at %v", rec["status"], rec["completed_at"])
@@ -218,6 +222,7 @@ func TestStoredRecordHasNoToken(t *testing.T) {
 	path := recordPath(state, g.Lease.ID)
 	check := func(when string) {
 		t.Helper()
+		flushRecords(t, s)
 		data := string(readFile(t, path))
 		if strings.Contains(data, g.Token) || strings.Contains(data, strings.TrimPrefix(g.Token, TokenPrefix)) {
 			t.Fatalf("%s: record contains the token:\n%s", when, data)

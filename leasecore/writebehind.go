@@ -9,13 +9,14 @@ import (
 )
 
 // Write-behind of record files (docs/PROTOCOL.md §4.3, "Durability"): a
-// change that only updates a live lease — a renew, new annotations, a bind
-// to an open file, a takeover request — is durable once its journal entry
-// is, and its record file is written afterwards, off the path of the
-// system call: by the record flusher within recordLag, and in any case
-// before a checkpoint lets the journal entry go. A lease renewed many times
-// in that window has its file written once. Changes that create or end a
-// lease, or prune one, are written to their files at once, as before.
+// change is durable once its journal entry is, and its record file is
+// written afterwards, off the path of the system call: by the record
+// flusher within recordLag, and in any case before a checkpoint lets the
+// journal entry go. A lease changed many times in that window has its file
+// written once — a lease reserved and released within it, once, already
+// ended. Only what a store does before its flusher starts (the settling of
+// a previous daemon's leases at load) and prunes (removals) touch the files
+// at once.
 //
 // Readers of the state directory do not see the lag: "leasefs ls",
 // "history" and "status" replay the journal on top of the records under
@@ -53,15 +54,10 @@ type recordFlusher struct {
 	stopped sync.Once
 }
 
-// writesBehind reports whether the change of l to its record can be
-// written behind: it updates a lease that is live and stays live. The
-// caller holds mu.
-func (s *FileStore) writesBehind(l *Lease) bool {
-	if s.flusher.kick == nil || l.Status != StatusActive {
-		return false
-	}
-	e := s.leases[l.ID]
-	return e != nil && e.lease.Status == StatusActive
+// writesBehind reports whether a change to a record is written behind:
+// whenever the flusher runs. The caller holds mu.
+func (s *FileStore) writesBehind() bool {
+	return s.flusher.kick != nil
 }
 
 // writeBehind journals data, the new record of l, and leaves its file to

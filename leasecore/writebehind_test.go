@@ -2,6 +2,9 @@ package leasecore
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"testing"
 	"time"
 )
@@ -25,6 +28,7 @@ func TestWriteBehindRenewReachesTheRecord(t *testing.T) {
 	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
+	flushRecords(t, s)
 	s.stopFlusher()
 	clock.Advance(time.Second)
 	renewed, err := s.Renew(ctx, g.Lease.ID, g.Token, Annotations{"client": "behind"})
@@ -56,7 +60,8 @@ func TestWriteBehindRenewReachesTheRecord(t *testing.T) {
 	}
 }
 
-// The flusher writes a lagging record on its own, once for many renews.
+// The flusher writes a lagging record on its own — here a new lease
+// renewed twenty times — once for many changes.
 func TestWriteBehindFlusherWritesRecords(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newTestStore(t, Options{})
@@ -70,28 +75,33 @@ func TestWriteBehindFlusherWritesRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The flusher runs on the real clock, recordLag after the first renew;
-	// the bound here only keeps a broken flusher from hanging the test.
+	// The flusher runs on the real clock, recordLag after the first
+	// change; the bound here only keeps a broken flusher from hanging the
+	// test.
 	deadline := time.Now().Add(30 * time.Second)
-	for !recordHeartbeat(t, state, g.Lease.ID).Equal(last.HeartbeatAt) {
+	for {
+		data, err := os.ReadFile(recordPath(state, g.Lease.ID))
+		l, _, derr := decodeRecord(data)
+		if err == nil && derr == nil && l.HeartbeatAt.Equal(last.HeartbeatAt) {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("record heartbeat still %v, want %v: the flusher never wrote it", recordHeartbeat(t, state, g.Lease.ID), last.HeartbeatAt)
+			t.Fatalf("record file %q (%v, %v), want heartbeat %v: the flusher never wrote it", data, err, derr, last.HeartbeatAt)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// Changes that create or end a lease are in their record files when they
-// return; a release after written-behind renews supersedes them.
-func TestWriteBehindLeavesCreateAndEndDirect(t *testing.T) {
+// Creates and ends are written behind too: with the flusher stopped, a
+// lease reserved, renewed and released has no record file, while a reader
+// of the state directory sees it in the history from the journal; the
+// checkpoint of Close writes the file once, already ended.
+func TestWriteBehindCreateAndEnd(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newTestStore(t, Options{})
 	ctx := context.Background()
-	g := reserve(t, s, "x")
 	s.stopFlusher()
-	if hb := recordHeartbeat(t, state, g.Lease.ID); !hb.Equal(g.Lease.HeartbeatAt) {
-		t.Fatalf("new record heartbeat %v, want %v", hb, g.Lease.HeartbeatAt)
-	}
+	g := reserve(t, s, "x")
 	clock.Advance(time.Second)
 	if _, err := s.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
 		t.Fatal(err)
@@ -100,14 +110,32 @@ func TestWriteBehindLeavesCreateAndEndDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(recordPath(state, g.Lease.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("record file of a lease reserved and released with no flusher: %v, want none yet", err)
+	}
+	ro := openStore(t, state, Options{Clock: clock, ReadOnly: true, NoDaemon: true})
+	hist, err := ro.History(ctx, "x")
+	if err != nil || len(hist) != 1 || hist[0].Status != StatusComplete || !hist[0].HeartbeatAt.Equal(ended.HeartbeatAt) {
+		t.Errorf("read-only store's history of x = %+v, %v; want the released lease", hist, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	l, _, err := decodeRecord(readFile(t, recordPath(state, g.Lease.ID)))
 	if err != nil || l.Status != StatusComplete || !l.HeartbeatAt.Equal(ended.HeartbeatAt) {
-		t.Errorf("record after the release: %+v, %v; want it complete with heartbeat %v", l, err, ended.HeartbeatAt)
+		t.Errorf("record after Close: %+v, %v; want it complete with heartbeat %v", l, err, ended.HeartbeatAt)
 	}
+}
+
+// flushRecords writes every lagging record of s to its file, as the record
+// flusher does within recordLag: tests that read record files call it
+// first.
+func flushRecords(t testing.TB, s *FileStore) {
+	t.Helper()
 	s.mu.Lock()
-	lagging := len(s.lagging)
+	err := s.flushLagging(0)
 	s.mu.Unlock()
-	if lagging != 0 {
-		t.Errorf("%d records lagging after the release, want none", lagging)
+	if err != nil {
+		t.Fatal(err)
 	}
 }
