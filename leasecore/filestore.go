@@ -506,9 +506,10 @@ func writeFile(dir *os.File, path string, data []byte) error {
 }
 
 // writeRecord appends the record of l to the journal, which makes it
-// durable at the next commit, and replaces its file: at once (a spare
-// file exchanged with it), or written behind for a change that only
-// updates a live lease (writebehind.go) (persister). The caller holds mu.
+// durable at the next commit, and replaces its file: written behind by a
+// serving store (writebehind.go), at once (a spare file exchanged with it)
+// by one whose flusher has not started, while it loads (persister). The
+// caller holds mu.
 func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 	if err := s.journalReady(); err != nil {
 		return recordStamp{}, err
