@@ -571,6 +571,9 @@ func testExpiryWhileFull(t *testing.T, tl *outcomeTally) {
 	reserved := time.Now()
 	reserve(t, filepath.Join(m, "exp"))
 	expID := func() string { st, _ := statusDoc(t, filepath.Join(m, "exp")); return st["lease_id"] }()
+	// The records are written behind their journal entries: let them reach their files
+	// before the disk fills, so that the audit below has records to parse.
+	settledSnapshot(t, d.state)
 
 	fs.fill()
 	tl.add("faults", 1)
@@ -641,6 +644,7 @@ func testHandleReleaseWhileFull(t *testing.T, tl *outcomeTally) {
 	killed.expectKey("held", holdTimeout)
 	unlocker := startPy(t, pyUnlockingHolder, "P="+filepath.Join(m, "unlocked"))
 	unlocker.expectKey("held", holdTimeout)
+	settledSnapshot(t, d.state) // the records reach their files before the disk fills
 
 	fs.fill()
 	tl.add("faults", 1)
