@@ -523,13 +523,11 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 		return recordStamp{}, err
 	}
 	defer unlock()
-	r, lagging := s.lagging[l.ID]
-	stamp, err := s.putRecord(l.ID, data, s.leases[l.ID] == nil || lagging && r.fresh)
+	// No record lags here: only a running flusher leaves records lagging.
+	stamp, err := s.putRecord(l.ID, data, s.leases[l.ID] == nil)
 	if err != nil {
 		return recordStamp{}, err
 	}
-	// This write supersedes a lagging one.
-	delete(s.lagging, l.ID)
 	s.jnl().append(entryRecord, data)
 	return stamp, nil
 }
