@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -131,25 +129,20 @@ func TestRecordOmitsUnsetPID(t *testing.T) {
 // readRecord parses the record of lease id in state once it exists and
 // satisfies done (any version when done is nil). A serving daemon writes
 // record files behind the change, within 100 ms (docs/PROTOCOL.md §4.3);
-// the deadline only keeps a record that never comes from hanging the test,
-// which then gets the last version read.
+// the 20 s bound only keeps a record that never comes from hanging the test.
 func readRecord(t testing.TB, state, id string, done func(map[string]any) bool) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var m map[string]any
+	eventually(t, 20*time.Second, "record "+id+" written", func() (bool, string) {
 		data, err := os.ReadFile(filepath.Join(state, "writer-leases", id+".toml"))
-		switch {
-		case err == nil:
-			m := map[string]any{}
-			if _, err := toml.Decode(string(data), &m); err != nil {
-				t.Fatalf("record %s: %v\n%s", id, err, data)
-			}
-			if done == nil || done(m) || time.Now().After(deadline) {
-				return m
-			}
-		case !errors.Is(err, fs.ErrNotExist) || time.Now().After(deadline):
-			t.Fatal(err)
+		if err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		m = map[string]any{}
+		if _, err := toml.Decode(string(data), &m); err != nil {
+			t.Fatalf("record %s: %v\n%s", id, err, data)
+		}
+		return done == nil || done(m), string(data)
+	})
+	return m
 }
