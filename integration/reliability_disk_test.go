@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -175,11 +176,20 @@ func (f *diskFS) setReadOnly(ro bool) {
 
 // stateSnapshot returns the contents of every file of the state directory that holds lease
 // state (records, temporary files, namespaces, generation, spares written into), by path
-// relative to state.
+// relative to state. It reads under the shared store lock (writer-leases/.lock), as every
+// reader of the records does (docs/PROTOCOL.md §4.3), so that a serving daemon neither
+// exchanges a record nor reuses a spare meanwhile; an empty spare its spare maker discards
+// meanwhile is skipped like the others.
 func stateSnapshot(t testing.TB, state string) map[string]string {
 	t.Helper()
+	if lock, err := os.Open(filepath.Join(state, relLeasesDir, ".lock")); err == nil {
+		defer lock.Close()
+		if err := unix.Flock(int(lock.Fd()), unix.LOCK_SH); err != nil {
+			t.Fatalf("flock LOCK_SH %s: %v", lock.Name(), err)
+		}
+	}
 	snap := map[string]string{}
-	for _, dir := range []string{state, filepath.Join(state, "writer-leases")} {
+	for _, dir := range []string{state, filepath.Join(state, relLeasesDir)} {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
 			t.Fatalf("list %s: %v", dir, err)
@@ -189,11 +199,15 @@ func stateSnapshot(t testing.TB, state string) map[string]string {
 				continue
 			}
 			p := filepath.Join(dir, e.Name())
+			spare := strings.HasPrefix(e.Name(), ".free-")
 			data, err := os.ReadFile(p)
+			if spare && errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
 			if err != nil {
 				t.Fatalf("read %s: %v", p, err)
 			}
-			if strings.HasPrefix(e.Name(), ".free-") && len(data) == 0 {
+			if spare && len(data) == 0 {
 				// An empty spare holds no lease state, and the daemon's
 				// spare maker adds them in the background whenever the
 				// stock runs low (docs/PROTOCOL.md §4.3); a spare written
@@ -207,23 +221,29 @@ func stateSnapshot(t testing.TB, state string) map[string]string {
 	return snap
 }
 
-// settledSnapshot returns a [stateSnapshot] once the state directory has stopped changing:
-// two snapshots half a second apart are equal. The daemon writes record files behind their
-// journal entries, within 100 ms (docs/PROTOCOL.md §4.3), so a snapshot taken right after a
-// change may see its file appear or change later, by no new call.
-func settledSnapshot(t testing.TB, state string) map[string]string {
+// settledSnapshot returns a [stateSnapshot] of d's state directory once the daemon has
+// written every record behind its journal entry (docs/PROTOCOL.md §4.3: within 100 ms, or
+// once the disk accepts writes again), as its leasefs_store_lagging_records metric says, and
+// the directory has stopped changing: two snapshots half a second apart are equal (the
+// blocked-waiters file is rewritten behind too). d must have been started with a
+// metricsAddr.
+func settledSnapshot(t testing.TB, d *daemon) map[string]string {
 	t.Helper()
-	snap := stateSnapshot(t, state)
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		time.Sleep(500 * time.Millisecond)
-		next := stateSnapshot(t, state)
-		if diffSnapshots(snap, next) == "" {
+	url := d.metricsURL(t)
+	deadline := time.Now().Add(30 * time.Second)
+	var snap map[string]string
+	for {
+		waitMetrics(t, url, "the daemon has written every record behind its journal",
+			map[string]float64{"leasefs_store_lagging_records": 0})
+		next := stateSnapshot(t, d.state)
+		if snap != nil && diffSnapshots(snap, next) == "" {
 			return next
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the state directory %s keeps changing with no call made:\n%s", state, diffSnapshots(snap, next))
+		if snap != nil && time.Now().After(deadline) {
+			t.Fatalf("the state directory %s keeps changing with no call made:\n%s", d.state, diffSnapshots(snap, next))
 		}
 		snap = next
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
@@ -416,7 +436,7 @@ type diskFault struct {
 // reads served → nothing changed on disk → clear → every change accepted, auditing the state
 // directory after each round.
 func runDiskFaultRounds(t *testing.T, tl *outcomeTally, fs *diskFS, fault diskFault, rounds int) {
-	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state")})
+	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state"), metricsAddr: "127.0.0.1:0"})
 	m := d.mountpoint
 	drv := startPy(t, pyDiskDriver, "M="+m)
 	drv.expectKey("setup", clientTimeout)
@@ -425,7 +445,7 @@ func runDiskFaultRounds(t *testing.T, tl *outcomeTally, fs *diskFS, fault diskFa
 
 	for round := 1; round <= rounds; round++ {
 		n := fmt.Sprint(round)
-		before := settledSnapshot(t, d.state)
+		before := settledSnapshot(t, d)
 		_, docBefore := statusDoc(t, filepath.Join(m, "held"))
 		listBefore := cliJSON(t, "ls", "--state", d.state, "--json")
 		refusedBefore := refusedLines(d)
@@ -564,7 +584,7 @@ func TestReliabilityDisk(t *testing.T) {
 func testExpiryWhileFull(t *testing.T, tl *outcomeTally) {
 	const ttl = 2 * time.Second
 	fs := mountDiskFS(t, "2m")
-	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state"), leaseDuration: ttl})
+	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state"), leaseDuration: ttl, metricsAddr: "127.0.0.1:0"})
 	m := d.mountpoint
 	holder := startPy(t, pyFlockHolder, "P="+filepath.Join(m, "stay"))
 	holder.expectKey("held", holdTimeout)
@@ -573,7 +593,7 @@ func testExpiryWhileFull(t *testing.T, tl *outcomeTally) {
 	expID := func() string { st, _ := statusDoc(t, filepath.Join(m, "exp")); return st["lease_id"] }()
 	// The records are written behind their journal entries: let them reach their files
 	// before the disk fills, so that the audit below has records to parse.
-	settledSnapshot(t, d.state)
+	settledSnapshot(t, d)
 
 	fs.fill()
 	tl.add("faults", 1)
@@ -638,13 +658,13 @@ sys.stdin.read()
 // holds it and knows) or ends the lease, and once space is back both names must be free.
 func testHandleReleaseWhileFull(t *testing.T, tl *outcomeTally) {
 	fs := mountDiskFS(t, "2m")
-	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state")})
+	d := startDaemon(t, daemonOpts{state: filepath.Join(fs.dir, "state"), metricsAddr: "127.0.0.1:0"})
 	m := d.mountpoint
 	killed := startPy(t, pyFlockHolder, "P="+filepath.Join(m, "killed"))
 	killed.expectKey("held", holdTimeout)
 	unlocker := startPy(t, pyUnlockingHolder, "P="+filepath.Join(m, "unlocked"))
 	unlocker.expectKey("held", holdTimeout)
-	settledSnapshot(t, d.state) // the records reach their files before the disk fills
+	settledSnapshot(t, d) // the records reach their files before the disk fills
 
 	fs.fill()
 	tl.add("faults", 1)

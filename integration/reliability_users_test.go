@@ -44,7 +44,8 @@ func startUsersDaemon(t *testing.T) *daemon {
 	if err := os.Chmod(filepath.Dir(mp), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return startDaemon(t, daemonOpts{mountpoint: mp, state: filepath.Join(stateParent, "state"), allowOther: true})
+	return startDaemon(t, daemonOpts{mountpoint: mp, state: filepath.Join(stateParent, "state"), allowOther: true,
+		metricsAddr: "127.0.0.1:0"})
 }
 
 // recordHashes returns the token_hash of every record in the state directory.
@@ -247,7 +248,7 @@ func testOtherUIDForbidden(t *testing.T, tl *outcomeTally) {
 	for _, n := range []string{"target", "rootns/inner", "handle"} {
 		_, docs[n] = statusDoc(t, filepath.Join(m, n))
 	}
-	before := settledSnapshot(t, d.state)
+	before := settledSnapshot(t, d)
 	hashes := recordHashes(t, d.state)
 	st, _ := statusDoc(t, filepath.Join(m, "target"))
 	record := st["lease_id"] + ".toml"
@@ -555,7 +556,7 @@ func testBruteForce(t *testing.T, tl *outcomeTally, figures map[string]string) {
 	holder.expectKey("ready", holdTimeout)
 	token := holder.expectKey("token", holdTimeout)
 	st0, _ := statusDoc(t, p)
-	settledSnapshot(t, d.state) // the new lease's record file is written behind
+	settledSnapshot(t, d) // the new lease's record file is written behind
 	hashes := recordHashes(t, d.state)
 
 	measure := func(label string) (p50, p99 float64) {

@@ -23,3 +23,15 @@ type HealthReporter interface {
 	// Health returns the store's view of its connection now.
 	Health() Health
 }
+
+// BacklogReporter is implemented by stores that write record files behind
+// their journal: the file store (docs/PROTOCOL.md §4.3, "Durability").
+// Implementations are safe for concurrent use.
+type BacklogReporter interface {
+	// LaggingRecords returns how many records have a change that is
+	// durable in the journal and not yet in the record file: 0 once every
+	// record file says what the journal does. It normally falls back to 0
+	// within 100 ms of the last change, and stays above 0 while the disk
+	// refuses the writes (full or read-only).
+	LaggingRecords() int
+}

@@ -60,6 +60,16 @@ func (s *FileStore) writesBehind() bool {
 	return s.flusher.kick != nil
 }
 
+// LaggingRecords returns how many records are written behind and not yet in
+// their files (see [BacklogReporter]); 0 for a read-only or closed store.
+func (s *FileStore) LaggingRecords() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lagging)
+}
+
+var _ BacklogReporter = (*FileStore)(nil)
+
 // writeBehind journals data, the new record of l, and leaves its file to
 // the flusher (see above). A full disk refuses the change with ENOSPC as
 // a direct write would (docs/PROTOCOL.md §4.3, "Choices"). The caller

@@ -27,13 +27,17 @@
 //     reports its connection (leasecore.HealthReporter: the etcd store),
 //     whether its cluster answered the last call and how many calls failed
 //     because it did not, read at scrape time.
+//   - leasefs_store_lagging_records (gauge): for a store that writes record
+//     files behind its journal (leasecore.BacklogReporter: the file store),
+//     how many records are durable in the journal only, read at scrape time.
 //   - go_* and process_*: the Go runtime and process collectors.
 //
 // # Feeding it
 //
 // Neither leasecore nor fusefs imports Prometheus. The lease counters come
 // from the store's change feed ([Registry.Follow]); the gauges from
-// [leasecore.Store.List] and [leasecore.HealthReporter] at scrape time; refusals, lock waits and store
+// [leasecore.Store.List], [leasecore.HealthReporter] and
+// [leasecore.BacklogReporter] at scrape time; refusals, lock waits and store
 // commits from plain hook functions: [Registry.Refused] for
 // fusefs.Options.OnRefuse, [Registry.LockGranted] for
 // fusefs.Options.OnHandoff, [Registry.Committed] for

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -248,5 +249,40 @@ func TestFollowOnceAndClosedStore(t *testing.T) {
 	}
 	if got["leasefs_leases_reserved_total"] != 1 {
 		t.Errorf("after the store closed, leasefs_leases_reserved_total = %v, want 1", got["leasefs_leases_reserved_total"])
+	}
+}
+
+// A file store has leasefs_store_lagging_records, and it is 0 only once the
+// records of its changes are in their files; a store that writes nothing
+// behind (the memory store) has no such series.
+func TestLaggingRecords(t *testing.T) {
+	if _, body := scrape(t, newEnv(t).reg.Handler()); strings.Contains(body, "leasefs_store_lagging_records") {
+		t.Errorf("the memory store's scrape has leasefs_store_lagging_records:\n%s", body)
+	}
+	reg := New(Options{Logger: quiet})
+	state := t.TempDir()
+	store, err := leasecore.OpenFileStore(state, leasecore.Options{Host: "testhost", LeaseDuration: leaseDuration, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := reg.Follow(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	h := reg.Handler()
+	waitSamples(t, h, map[string]float64{"leasefs_store_lagging_records": 0})
+	for _, r := range []string{"a", "b", "c"} {
+		if _, err := store.Reserve(context.Background(), leasecore.Draft{Resource: r, Mode: leasecore.ModeToken, HolderUID: 1000, HolderGID: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSamples(t, h, map[string]float64{"leasefs_store_lagging_records": 0})
+	// 0 means the record files say what the journal does: all three are
+	// written.
+	records, err := filepath.Glob(filepath.Join(state, leasecore.LeasesDir, "lease-*.toml"))
+	if err != nil || len(records) != 3 {
+		t.Errorf("with leasefs_store_lagging_records 0, the record files are %v (%v), want 3", records, err)
 	}
 }

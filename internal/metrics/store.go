@@ -11,14 +11,17 @@ import (
 // storeCollector reads the live leases of a store at each scrape:
 // leasefs_live_leases by mode and leasefs_lock_waiters; for a store that
 // reports its connection ([leasecore.HealthReporter], the etcd store) also
-// leasefs_store_reachable and leasefs_store_unreachable_calls_total. Safe
-// for concurrent use.
+// leasefs_store_reachable and leasefs_store_unreachable_calls_total; for a
+// store that writes record files behind its journal
+// ([leasecore.BacklogReporter], the file store) also
+// leasefs_store_lagging_records. Safe for concurrent use.
 type storeCollector struct {
 	store       leasecore.Store
 	live        *prometheus.Desc
 	waiters     *prometheus.Desc
 	reachable   *prometheus.Desc
 	unreachable *prometheus.Desc
+	lagging     *prometheus.Desc
 }
 
 var _ prometheus.Collector = storeCollector{}
@@ -34,6 +37,8 @@ func newStoreCollector(store leasecore.Store) storeCollector {
 			"1 while the store's remote service (the etcd cluster) answered its last call, else 0.", nil, nil),
 		unreachable: prometheus.NewDesc("leasefs_store_unreachable_calls_total",
 			"Store calls that failed because the remote service (the etcd cluster) did not answer.", nil, nil),
+		lagging: prometheus.NewDesc("leasefs_store_lagging_records",
+			"Records whose change is durable in the journal and not yet written to the record file (0 within 100 ms of the last change while the disk accepts writes).", nil, nil),
 	}
 }
 
@@ -44,6 +49,9 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	if _, ok := c.store.(leasecore.HealthReporter); ok {
 		ch <- c.reachable
 		ch <- c.unreachable
+	}
+	if _, ok := c.store.(leasecore.BacklogReporter); ok {
+		ch <- c.lagging
 	}
 }
 
@@ -59,6 +67,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.reachable, prometheus.GaugeValue, up)
 		ch <- prometheus.MustNewConstMetric(c.unreachable, prometheus.CounterValue, float64(h.Failures))
+	}
+	if br, ok := c.store.(leasecore.BacklogReporter); ok {
+		ch <- prometheus.MustNewConstMetric(c.lagging, prometheus.GaugeValue, float64(br.LaggingRecords()))
 	}
 	leases, err := c.store.List(context.Background())
 	if err != nil {
