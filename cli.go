@@ -213,6 +213,9 @@ hand over. Root mounts directly; other users through fusermount3.`,
 			case opts.TakeoverTimeout <= 0:
 				return usageError{fmt.Errorf("--takeover-timeout %s: must be positive", opts.TakeoverTimeout)}
 			}
+			if opts.Pprof && opts.MetricsAddr == "" {
+				return usageError{errors.New("--pprof needs --metrics-addr: the profiles are served beside the metrics")}
+			}
 			if opts.MetricsAddr != "" {
 				if _, _, err := net.SplitHostPort(opts.MetricsAddr); err != nil {
 					return usageError{fmt.Errorf("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9623", opts.MetricsAddr)}
@@ -252,6 +255,7 @@ hand over. Root mounts directly; other users through fusermount3.`,
 	f.BoolVar(&opts.Takeover, "takeover", false, "ask a daemon already serving --state to hand over, then mount")
 	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; port 0 picks a free one)")
+	f.BoolVar(&opts.Pprof, "pprof", false, "with --metrics-addr, also serve Go profiles (CPU, heap, block, mutex) at /debug/pprof/")
 	f.BoolVar(&debug, "debug", false, "log debug messages")
 	f.StringVar(&logFormat, "log-format", "text", "log as text or json (log/slog handlers)")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")

@@ -160,6 +160,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"mount", "--lease-duration", "1ms", "x"}, []string{"--lease-duration", "Run 'leasefs mount --help' for usage."}},
 		{[]string{"mount", "--bogus", "x"}, []string{"--bogus", "Run 'leasefs mount --help' for usage."}},
 		{[]string{"mount", "--metrics-addr", "9623", "x"}, []string{"--metrics-addr", "HOST:PORT", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"mount", "--pprof", "x"}, []string{"--pprof needs --metrics-addr", "Run 'leasefs mount --help' for usage."}},
 		{[]string{"ls", "extra"}, []string{"extra", "Run 'leasefs ls --help' for usage."}},
 		{[]string{"history", "a", "b"}, []string{"Run 'leasefs history --help' for usage."}},
 		{[]string{"frobnicate"}, []string{`unknown command "frobnicate"`, "Run 'leasefs --help' for usage."}},

@@ -66,6 +66,7 @@ var helperOptions = map[string]helperOption{
 	"takeover":           {flag: "--takeover"},
 	"takeover_timeout":   {flag: "--takeover-timeout", value: true},
 	"metrics_addr":       {flag: "--metrics-addr", value: true},
+	"pprof":              {flag: "--pprof"},
 	"log_format":         {flag: "--log-format", value: true},
 	"debug":              {flag: "--debug"},
 }

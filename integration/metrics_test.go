@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -238,4 +239,57 @@ func TestMetricsAddrInUse(t *testing.T) {
 	if n := mountCount(t, mp); n != 0 {
 		t.Errorf("a mount that could not serve metrics left %d mounts on %s", n, mp)
 	}
+}
+
+// httpGet GETs url and returns the status code and body.
+func httpGet(t testing.TB, url string) (int, []byte) {
+	t.Helper()
+	client := http.Client{Timeout: clientTimeout}
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, body
+}
+
+// TestPprof starts a daemon with --metrics-addr and --pprof, drives lease cycles through bash,
+// and reads its profiles (docs/PROTOCOL.md §8b): the goroutine profile names the store's
+// record flusher, the block and mutex profiles are on, and the CPU profile is a gzipped
+// profile. A daemon with --metrics-addr alone serves no profiles.
+func TestPprof(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{metricsAddr: "127.0.0.1:0", extraArgs: []string{"--pprof"}})
+	base := strings.TrimSuffix(d.metricsURL(t), "/metrics")
+	if !strings.Contains(d.stderr(), `msg="serving profiles"`) {
+		t.Errorf("the daemon did not log serving profiles:\n%s", d.stderr())
+	}
+	mustSh(t, `for i in 1 2 3 4 5; do (set -C; : > "$M/p$i") && rm "$M/p$i"; done`, "M="+d.mountpoint)
+
+	if code, body := httpGet(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK ||
+		!strings.Contains(string(body), "leasecore.(*FileStore).startFlusher") {
+		t.Errorf("goroutine profile: status %d, want 200 naming the record flusher:\n%.2000s", code, body)
+	}
+	for _, p := range []string{"block", "mutex"} {
+		if code, body := httpGet(t, base+"/debug/pprof/"+p+"?debug=1"); code != http.StatusOK ||
+			!strings.HasPrefix(string(body), "--- ") {
+			t.Errorf("%s profile: status %d, want 200 and a profile:\n%.2000s", p, code, body)
+		}
+	}
+	if code, body := httpGet(t, base+"/debug/pprof/profile?seconds=1"); code != http.StatusOK ||
+		len(body) < 2 || body[0] != 0x1f || body[1] != 0x8b {
+		t.Errorf("CPU profile: status %d, %d bytes, want 200 and a gzipped profile", code, len(body))
+	}
+
+	plain := startDaemon(t, daemonOpts{metricsAddr: "127.0.0.1:0"})
+	plainBase := strings.TrimSuffix(plain.metricsURL(t), "/metrics")
+	if code, _ := httpGet(t, plainBase+"/debug/pprof/goroutine?debug=1"); code != http.StatusNotFound {
+		t.Errorf("a daemon without --pprof answered /debug/pprof/goroutine with %d, want 404", code)
+	}
+	d.stop(true)
+	plain.stop(true)
 }

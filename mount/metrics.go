@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"runtime"
 	"sync"
 	"time"
 
@@ -18,6 +20,19 @@ import (
 // MetricsPath is the HTTP path at which a daemon started with
 // [Options.MetricsAddr] serves its Prometheus metrics.
 const MetricsPath = "/metrics"
+
+// PprofPath is the HTTP path under which a daemon started with
+// [Options.Pprof] serves the Go runtime's profiles (net/http/pprof).
+const PprofPath = "/debug/pprof/"
+
+// Sampling of the block and mutex profiles while profiles are served:
+// every blocking event of a microsecond or more, and one mutex contention
+// event in pprofMutexFraction (runtime.SetBlockProfileRate,
+// runtime.SetMutexProfileFraction).
+const (
+	pprofBlockRate     = int(time.Microsecond)
+	pprofMutexFraction = 10
+)
 
 // metricsShutdownWait bounds how long stopping waits for scrapes in flight.
 const metricsShutdownWait = time.Second
@@ -33,11 +48,14 @@ type metricsServer struct {
 	srv  *http.Server
 	log  *slog.Logger
 	once sync.Once
+	// profiles: PprofPath is served too.
+	profiles bool
 }
 
 // listenMetrics opens addr (HOST:PORT; port 0 picks a free one) for a new
-// metrics registry. Errors: the listen error, wrapped, naming addr.
-func listenMetrics(addr string, log *slog.Logger) (*metricsServer, error) {
+// metrics registry, and for the runtime's profiles at PprofPath when
+// profiles is set. Errors: the listen error, wrapped, naming addr.
+func listenMetrics(addr string, profiles bool, log *slog.Logger) (*metricsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("mount: cannot serve metrics on %s: %w", addr, err)
@@ -45,11 +63,21 @@ func listenMetrics(addr string, log *slog.Logger) (*metricsServer, error) {
 	reg := metrics.New(metrics.Options{Logger: log})
 	mux := http.NewServeMux()
 	mux.Handle(MetricsPath, reg.Handler())
+	if profiles {
+		runtime.SetBlockProfileRate(pprofBlockRate)
+		runtime.SetMutexProfileFraction(pprofMutexFraction)
+		mux.HandleFunc(PprofPath, pprof.Index)
+		mux.HandleFunc(PprofPath+"cmdline", pprof.Cmdline)
+		mux.HandleFunc(PprofPath+"profile", pprof.Profile)
+		mux.HandleFunc(PprofPath+"symbol", pprof.Symbol)
+		mux.HandleFunc(PprofPath+"trace", pprof.Trace)
+	}
 	return &metricsServer{
-		reg: reg,
-		ln:  ln,
-		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
-		log: log,
+		reg:      reg,
+		ln:       ln,
+		srv:      &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+		log:      log,
+		profiles: profiles,
 	}, nil
 }
 
@@ -83,6 +111,9 @@ func (m *metricsServer) serve() {
 		return
 	}
 	m.log.Info("serving metrics", "addr", m.ln.Addr().String(), "path", MetricsPath)
+	if m.profiles {
+		m.log.Info("serving profiles", "addr", m.ln.Addr().String(), "path", PprofPath)
+	}
 	go func() {
 		if err := m.srv.Serve(m.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.log.Error("serving metrics failed", "addr", m.ln.Addr().String(), "err", err)

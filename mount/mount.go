@@ -97,6 +97,11 @@ type Options struct {
 	// The store commit latency is reported by the embedded file store
 	// only, not by a store from OpenStore.
 	MetricsAddr string
+	// Pprof, with MetricsAddr, also serves the Go runtime's profiles
+	// (net/http/pprof: CPU, heap, goroutine, block, mutex) at [PprofPath]
+	// on the same address, and turns on the block and mutex profiles
+	// (docs/PROTOCOL.md §8b). Ignored without MetricsAddr.
+	Pprof bool
 }
 
 // dyingWait bounds the wait for a killed daemon to exit once its FUSE
@@ -286,7 +291,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	var mtr *metricsServer // nil without MetricsAddr
 	if opts.MetricsAddr != "" {
-		if mtr, err = listenMetrics(opts.MetricsAddr, log); err != nil {
+		if mtr, err = listenMetrics(opts.MetricsAddr, opts.Pprof, log); err != nil {
 			return err
 		}
 		defer mtr.shutdown()
