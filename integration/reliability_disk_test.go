@@ -182,12 +182,7 @@ func (f *diskFS) setReadOnly(ro bool) {
 // meanwhile is skipped like the others.
 func stateSnapshot(t testing.TB, state string) map[string]string {
 	t.Helper()
-	if lock, err := os.Open(filepath.Join(state, relLeasesDir, ".lock")); err == nil {
-		defer lock.Close()
-		if err := unix.Flock(int(lock.Fd()), unix.LOCK_SH); err != nil {
-			t.Fatalf("flock LOCK_SH %s: %v", lock.Name(), err)
-		}
-	}
+	defer lockStoreShared(t, state)()
 	snap := map[string]string{}
 	for _, dir := range []string{state, filepath.Join(state, relLeasesDir)} {
 		entries, err := os.ReadDir(dir)
@@ -219,6 +214,24 @@ func stateSnapshot(t testing.TB, state string) map[string]string {
 		}
 	}
 	return snap
+}
+
+// lockStoreShared takes the shared store lock of state (flock LOCK_SH on
+// writer-leases/.lock, docs/PROTOCOL.md §4.3), as every reader of the records does, and
+// returns its release. While it is held a serving daemon writes no record, and the files
+// beside the records change only by its spare maker adding empty spares. A state directory
+// without the lock file (no daemon ever served it) is read without it.
+func lockStoreShared(t testing.TB, state string) (unlock func()) {
+	t.Helper()
+	lock, err := os.Open(filepath.Join(state, relLeasesDir, ".lock"))
+	if err != nil {
+		return func() {}
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_SH); err != nil {
+		lock.Close()
+		t.Fatalf("flock LOCK_SH %s: %v", lock.Name(), err)
+	}
+	return func() { lock.Close() }
 }
 
 // settledSnapshot returns a [stateSnapshot] of d's state directory once the daemon has
