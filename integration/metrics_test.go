@@ -258,9 +258,9 @@ func httpGet(t testing.TB, url string) (int, []byte) {
 }
 
 // TestPprof starts a daemon with --metrics-addr and --pprof, drives lease cycles through bash,
-// and reads its profiles (docs/PROTOCOL.md §8b): the goroutine profile names the store's
-// record flusher, the block and mutex profiles are on, and the CPU profile is a gzipped
-// profile. A daemon with --metrics-addr alone serves no profiles.
+// and reads its profiles (docs/PROTOCOL.md §8b): the goroutine profile names the filesystem's
+// event loop (there on any store), the block and mutex profiles are on, and the CPU profile
+// is a gzipped profile. A daemon with --metrics-addr alone serves no profiles.
 func TestPprof(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{metricsAddr: "127.0.0.1:0", extraArgs: []string{"--pprof"}})
@@ -271,8 +271,8 @@ func TestPprof(t *testing.T) {
 	mustSh(t, `for i in 1 2 3 4 5; do (set -C; : > "$M/p$i") && rm "$M/p$i"; done`, "M="+d.mountpoint)
 
 	if code, body := httpGet(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK ||
-		!strings.Contains(string(body), "leasecore.(*FileStore).startFlusher") {
-		t.Errorf("goroutine profile: status %d, want 200 naming the record flusher:\n%.2000s", code, body)
+		!strings.Contains(string(body), "fusefs.(*FS).Run") {
+		t.Errorf("goroutine profile: status %d, want 200 naming the filesystem's event loop (fusefs.(*FS).Run):\n%.2000s", code, body)
 	}
 	for _, p := range []string{"block", "mutex"} {
 		if code, body := httpGet(t, base+"/debug/pprof/"+p+"?debug=1"); code != http.StatusOK ||
