@@ -34,6 +34,9 @@ type config struct {
 	// scaleRepeats is how many restarts, readdirs and ls runs a scale row
 	// takes the median of.
 	scaleRepeats int
+	// profile, when set, is the directory for the daemon's profiles during
+	// the leasefs rows (profile.go).
+	profile string
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -44,13 +47,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	out := fl.String("out", "", "directory for BENCHMARKS.md, with the chart in DIR/bench (default: the module root)")
 	dur := fl.Duration("duration", time.Second, "measured time of one cell")
 	warm := fl.Duration("warmup", 200*time.Millisecond, "unmeasured warm-up of one cell")
+	profile := fl.String("profile", "", "write the daemon's CPU profile of each 1a–1c cell and its block and mutex profiles to this directory (go tool pprof reads them)")
 	if err := fl.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fl.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
-	cfg := config{quick: *quick, out: *out, duration: *dur, warmup: *warm, killN: 100,
+	cfg := config{quick: *quick, out: *out, duration: *dur, warmup: *warm, killN: 100, profile: *profile,
 		scaleNs: []int{100, 1000, 10000, 100000}, reserveN: 200, scaleRepeats: 3}
 	if *quick {
 		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN, cfg.scaleRepeats = 200*time.Millisecond, 50*time.Millisecond, 5, 20, 1
@@ -100,7 +104,10 @@ type bench struct {
 	loadStart string
 	rows      []row
 	extras    map[string]float64 // named measurements for the targets
-	undo      []func()           // cleanups, run in reverse
+	// prof fetches the profiles of the daemon under test while the
+	// leasefs rows run (the zero value otherwise, or without -profile).
+	prof profileClient
+	undo []func() // cleanups, run in reverse
 }
 
 func newBench(ctx context.Context, cfg config, log io.Writer) (*bench, error) {
@@ -290,7 +297,11 @@ func (b *bench) cellRowNote(id, name string, setup func(clients, i int) (cycle, 
 		if err := b.ctx.Err(); err != nil {
 			return nil
 		}
+		profiled := b.prof.cpu(fmt.Sprintf("%s-%dclients", id, n), b.cfg.warmup, b.cfg.duration)
 		res, err := b.runCell(n, func(i int) (cycle, func(), error) { return setup(n, i) })
+		if perr := profiled(); perr != nil && err == nil {
+			err = perr
+		}
 		if err != nil {
 			return fmt.Errorf("%s %s, %d clients: %w", id, name, n, err)
 		}

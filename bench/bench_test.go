@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,11 +24,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestQuickSmoke runs the command with -quick on its cheapest rows (the
-// leasefs lease cycle and the kill-to-grant row through a real mount, the
-// in-process store, the in-memory FUSE ceiling, the fsync floors) and checks
-// that the table has every row with non-zero numbers and that the report
-// files are written. It asserts no timing.
+// TestQuickSmoke runs the command with -quick and -profile on its cheapest
+// rows (the leasefs lease cycle and the kill-to-grant row through a real
+// mount, the in-process store, the in-memory FUSE ceiling, the fsync floors)
+// and checks that the table has every row with non-zero numbers and that the
+// report files and the daemon's profiles are written. It asserts no timing.
 func TestQuickSmoke(t *testing.T) {
 	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
 		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
@@ -40,7 +41,8 @@ func TestQuickSmoke(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3c|4r|4f|8)$`, "-out", out}, &stdout, &stderr)
+	prof := t.TempDir()
+	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3c|4r|4f|8)$`, "-out", out, "-profile", prof}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -82,6 +84,18 @@ func TestQuickSmoke(t *testing.T) {
 	}
 	if !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("<polyline")) {
 		t.Errorf("throughput.svg has no chart line:\n%.400s", svg)
+	}
+	// -profile: a gzipped profile per 1a cell, and the block and mutex
+	// profiles of the leasefs rows.
+	names := []string{"leasefs.block.pb.gz", "leasefs.mutex.pb.gz"}
+	for _, n := range clientCounts {
+		names = append(names, fmt.Sprintf("1a-%dclients.cpu.pb.gz", n))
+	}
+	for _, name := range names {
+		data, err := os.ReadFile(filepath.Join(prof, name))
+		if err != nil || len(data) < 2 || data[0] != 0x1f || data[1] != 0x8b {
+			t.Errorf("-profile: %s is not a gzipped profile (%d bytes, %v)", name, len(data), err)
+		}
 	}
 }
 

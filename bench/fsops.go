@@ -217,14 +217,23 @@ func (b *bench) leasefsRows() error {
 		return nil
 	}
 	mp := filepath.Join(b.tmp, "mnt")
-	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state"), mp)
+	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state"), mp, b.profileArgs()...)
 	if err != nil {
 		return err
 	}
 	defer d.stop()
 	b.logf("leasefs mounted on %s (pid %d)", mp, d.pid)
+	if b.prof, err = b.profilerOf(d); err != nil {
+		return err
+	}
+	defer func() { b.prof = profileClient{} }()
 	if err := b.cycleRows(mp, [4]string{"1a", "1b", "1c", "1d"}, [4]string{nameLease, nameRenew, nameHandle, nameQueue}); err != nil {
 		return err
+	}
+	for _, p := range []string{"block", "mutex"} {
+		if err := b.prof.save("leasefs."+p+".pb.gz", p, time.Minute); err != nil {
+			return err
+		}
 	}
 	if err := b.killRow("8", nameKill, mp, holderFlock); err != nil {
 		return err

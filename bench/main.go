@@ -4,7 +4,7 @@
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D]
+//	go run ./bench [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D] [-profile DIR]
 //
 // It builds the daemon from the current tree, mounts it on a temporary
 // directory and drives it with real system calls from 1, 4, 16 and 64
@@ -25,6 +25,10 @@
 //   - Targets: ratios measured in the same run, with PASS or MISS.
 //   - Output: the table on stdout, progress on stderr, BENCHMARKS.md in
 //     -out (default the module root) and throughput.svg in -out/bench.
+//   - Profiles: with -profile DIR, the daemon's CPU profile of every cell of
+//     rows 1a–1c (DIR/1a-16clients.cpu.pb.gz, …) and its block and mutex
+//     profiles over the leasefs rows (DIR/leasefs.block.pb.gz,
+//     DIR/leasefs.mutex.pb.gz), for go tool pprof.
 //
 // Everything the command starts (the daemon, the FUSE ceiling, redis-server,
 // etcd) is stopped and every mount is detached before it exits, on error and
