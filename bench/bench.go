@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,6 +38,9 @@ type config struct {
 	// profile, when set, is the directory for the daemon's profiles during
 	// the leasefs rows (profile.go).
 	profile string
+	// trace: the cells of -profile record execution traces instead of
+	// CPU profiles (profile.go).
+	trace bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -48,13 +52,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	dur := fl.Duration("duration", time.Second, "measured time of one cell")
 	warm := fl.Duration("warmup", 200*time.Millisecond, "unmeasured warm-up of one cell")
 	profile := fl.String("profile", "", "write the daemon's CPU profile of each 1a–1c cell and its block and mutex profiles to this directory (go tool pprof reads them)")
+	trace := fl.Bool("trace", false, "with -profile: each 1a–1c cell records the daemon's execution trace (DIR/1a-1clients.trace, for go tool trace) instead of its CPU profile")
 	if err := fl.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fl.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
+	if *trace && *profile == "" {
+		return config{}, errors.New("-trace needs -profile DIR")
+	}
 	cfg := config{quick: *quick, out: *out, duration: *dur, warmup: *warm, killN: 100, profile: *profile,
+		trace:   *trace,
 		scaleNs: []int{100, 1000, 10000, 100000}, reserveN: 200, scaleRepeats: 3}
 	if *quick {
 		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN, cfg.scaleRepeats = 200*time.Millisecond, 50*time.Millisecond, 5, 20, 1

@@ -114,3 +114,36 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestTraceCells runs the 1a row with -profile and -trace and checks that
+// each cell left an execution trace of the daemon (a file that begins with
+// the Go trace header) and no CPU profile; -trace without -profile is
+// refused. It asserts no timing.
+func TestTraceCells(t *testing.T) {
+	if _, err := parseFlags([]string{"-trace"}, &bytes.Buffer{}); err == nil {
+		t.Error("-trace without -profile was accepted")
+	}
+	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
+		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
+			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
+		}
+		t.Skip("needs root and /dev/fuse")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, prof := t.TempDir(), t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, []string{"-quick", "-only", `^1a$`, "-out", out, "-profile", prof, "-trace"}, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
+	}
+	for _, n := range clientCounts {
+		name := fmt.Sprintf("1a-%dclients", n)
+		data, err := os.ReadFile(filepath.Join(prof, name+".trace"))
+		if err != nil || !bytes.HasPrefix(data, []byte("go 1.")) {
+			t.Errorf("-trace: %s.trace is not an execution trace (%.16q, %v)", name, data, err)
+		}
+		if fileExists(filepath.Join(prof, name+".cpu.pb.gz")) {
+			t.Errorf("-trace: %s.cpu.pb.gz was written as well", name)
+		}
+	}
+}

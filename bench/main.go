@@ -4,7 +4,7 @@
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D] [-profile DIR]
+//	go run ./bench [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D] [-profile DIR [-trace]]
 //
 // It builds the daemon from the current tree, mounts it on a temporary
 // directory and drives it with real system calls from 1, 4, 16 and 64
@@ -28,7 +28,9 @@
 //   - Profiles: with -profile DIR, the daemon's CPU profile of every cell of
 //     rows 1a–1c (DIR/1a-16clients.cpu.pb.gz, …) and its block and mutex
 //     profiles over the leasefs rows (DIR/leasefs.block.pb.gz,
-//     DIR/leasefs.mutex.pb.gz), for go tool pprof.
+//     DIR/leasefs.mutex.pb.gz), for go tool pprof; with -trace as well,
+//     an execution trace of each of those cells instead of its CPU profile
+//     (DIR/1a-1clients.trace, for go tool trace).
 //
 // Everything the command starts (the daemon, the FUSE ceiling, redis-server,
 // etcd) is stopped and every mount is detached before it exits, on error and

@@ -26,8 +26,9 @@ var servingProfilesRE = regexp.MustCompile(`msg="serving profiles" addr=(\S+)`)
 // profileClient fetches profiles from one daemon; the zero value (no
 // -profile) fetches nothing. Not safe for concurrent use.
 type profileClient struct {
-	dir  string // where the profiles go
-	base string // http://ADDR/debug/pprof/
+	dir   string // where the profiles go
+	base  string // http://ADDR/debug/pprof/
+	trace bool   // cells record execution traces instead of CPU profiles
 }
 
 // profileArgs returns the daemon flags that serve profiles, none without
@@ -52,7 +53,7 @@ func (b *bench) profilerOf(d *leasefsDaemon) (profileClient, error) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if m := servingProfilesRE.FindStringSubmatch(d.log()); m != nil {
 			b.logf("profiling the daemon at http://%s/debug/pprof/ into %s", m[1], b.cfg.profile)
-			return profileClient{dir: b.cfg.profile, base: "http://" + m[1] + "/debug/pprof/"}, nil
+			return profileClient{dir: b.cfg.profile, base: "http://" + m[1] + "/debug/pprof/", trace: b.cfg.trace}, nil
 		}
 		if time.Now().After(deadline) {
 			return profileClient{}, fmt.Errorf("the daemon did not log serving profiles:\n%s", d.log())
@@ -61,8 +62,9 @@ func (b *bench) profilerOf(d *leasefsDaemon) (profileClient, error) {
 }
 
 // cpu starts a CPU profile of window (whole seconds, at least one) after
-// a pause of delay, saved as DIR/name.cpu.pb.gz, and returns a function
-// that waits for it and returns its error.
+// a pause of delay, saved as DIR/name.cpu.pb.gz (with -trace an execution
+// trace, DIR/name.trace), and returns a function that waits for it and
+// returns its error.
 func (p profileClient) cpu(name string, delay, window time.Duration) func() error {
 	if p.base == "" {
 		return func() error { return nil }
@@ -71,7 +73,11 @@ func (p profileClient) cpu(name string, delay, window time.Duration) func() erro
 	done := make(chan error, 1)
 	go func() {
 		time.Sleep(delay)
-		done <- p.save(name+".cpu.pb.gz", "profile?seconds="+strconv.Itoa(secs), time.Duration(secs+30)*time.Second)
+		file, path := name+".cpu.pb.gz", "profile"
+		if p.trace {
+			file, path = name+".trace", "trace"
+		}
+		done <- p.save(file, path+"?seconds="+strconv.Itoa(secs), time.Duration(secs+30)*time.Second)
 	}()
 	return func() error { return <-done }
 }
