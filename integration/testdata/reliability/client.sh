@@ -17,7 +17,9 @@
 # flock1_child that way).
 set -C
 exec 9>>"$LOG"
-ERRF=$(mktemp)
+# Beside the log, in the test's directory: a client SIGKILLed by the test
+# never runs the EXIT trap.
+ERRF=$(mktemp "${LOG%.log}.err.XXXXXX")
 trap 'rm -f "$ERRF"' EXIT
 read -r -a names <<<"$NAMES"
 IFS=, read -r -a modes <<<"$MODES"
