@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -41,18 +40,14 @@ func (d *daemon) metricsURL(t testing.TB) string {
 // `leasefs_live_leases{mode="token"}`, and the body.
 func scrapeMetrics(t testing.TB, url string) (map[string]float64, string) {
 	t.Helper()
-	client := http.Client{Timeout: clientTimeout}
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+	code, data := httpGet(t, url)
+	body := string(data)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: status %d\n%s", url, code, body)
 	}
-	defer resp.Body.Close()
-	var body strings.Builder
 	samples := make(map[string]float64)
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		body.WriteString(line + "\n")
+	for line := range strings.Lines(body) {
+		line = strings.TrimSuffix(line, "\n")
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
@@ -66,13 +61,7 @@ func scrapeMetrics(t testing.TB, url string) (map[string]float64, string) {
 		}
 		samples[line[:i]] = v
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: status %s\n%s", url, resp.Status, body.String())
-	}
-	return samples, body.String()
+	return samples, body
 }
 
 // waitMetrics scrapes url until every series in want has its value (the lease counters follow
