@@ -306,7 +306,7 @@ func (b *bench) cellRowNote(id, name string, setup func(clients, i int) (cycle, 
 		if err := b.ctx.Err(); err != nil {
 			return nil
 		}
-		profiled := b.prof.cpu(fmt.Sprintf("%s-%dclients", id, n), b.cfg.warmup, b.cfg.duration)
+		profiled := b.prof.cell(fmt.Sprintf("%s-%dclients", id, n), b.cfg.warmup, b.cfg.duration)
 		res, err := b.runCell(n, func(i int) (cycle, func(), error) { return setup(n, i) })
 		if perr := profiled(); perr != nil && err == nil {
 			err = perr

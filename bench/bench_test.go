@@ -30,12 +30,7 @@ func TestMain(m *testing.M) {
 // and checks that the table has every row with non-zero numbers and that the
 // report files and the daemon's profiles are written. It asserts no timing.
 func TestQuickSmoke(t *testing.T) {
-	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
-		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
-			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
-		}
-		t.Skip("needs root and /dev/fuse")
-	}
+	requireFUSE(t)
 	before := benchMounts()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
@@ -110,6 +105,18 @@ func benchMounts() int {
 	return n
 }
 
+// requireFUSE skips t unless it runs as root with /dev/fuse, and fails it
+// instead when LEASEFS_REQUIRE_FUSE=1 (as CI sets it).
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
+		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
+			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
+		}
+		t.Skip("needs root and /dev/fuse")
+	}
+}
+
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
@@ -123,12 +130,7 @@ func TestTraceCells(t *testing.T) {
 	if _, err := parseFlags([]string{"-trace"}, &bytes.Buffer{}); err == nil {
 		t.Error("-trace without -profile was accepted")
 	}
-	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
-		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
-			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
-		}
-		t.Skip("needs root and /dev/fuse")
-	}
+	requireFUSE(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, prof := t.TempDir(), t.TempDir()

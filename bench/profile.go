@@ -61,11 +61,11 @@ func (b *bench) profilerOf(d *leasefsDaemon) (profileClient, error) {
 	}
 }
 
-// cpu starts a CPU profile of window (whole seconds, at least one) after
+// cell starts a CPU profile of window (whole seconds, at least one) after
 // a pause of delay, saved as DIR/name.cpu.pb.gz (with -trace an execution
 // trace, DIR/name.trace), and returns a function that waits for it and
 // returns its error.
-func (p profileClient) cpu(name string, delay, window time.Duration) func() error {
+func (p profileClient) cell(name string, delay, window time.Duration) func() error {
 	if p.base == "" {
 		return func() error { return nil }
 	}
