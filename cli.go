@@ -146,6 +146,16 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		},
 		// Without a command, print the help.
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		// An empty directory flag would otherwise mean the working
+		// directory (filepath.Abs("")), which nobody means by it.
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			for _, name := range []string{"state", "mount"} {
+				if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
+					return usageError{fmt.Errorf("--%s is empty: give a directory", name)}
+				}
+			}
+			return nil
+		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -154,7 +164,34 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		newLockCmd(stdout, stderr), newVersionCmd(stdout), newManCmd(stdout))
 	root.SetVersionTemplate("leasefs {{.Version}}\n")
 	registerDirCompletion(root)
+	fixCompletionCmd(root)
 	return root
+}
+
+// fixCompletionCmd makes an unknown shell ("leasefs completion tcsh") a
+// usage error, exit 2: cobra's completion command only has subcommands
+// (bash, zsh, fish, powershell), and a command that cannot run answers an
+// unknown one with its help and exit 0.
+func fixCompletionCmd(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, a []string) error {
+			if len(a) == 0 {
+				return cmd.Help()
+			}
+			var shells []string
+			for _, sc := range cmd.Commands() {
+				if sc.IsAvailableCommand() {
+					shells = append(shells, sc.Name())
+				}
+			}
+			return usageError{fmt.Errorf("unknown shell %q: want one of %s", a[0], strings.Join(shells, ", "))}
+		}
+	}
 }
 
 // noArgs refuses positional arguments with a usage error.

@@ -165,6 +165,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"history", "a", "b"}, []string{"Run 'leasefs history --help' for usage."}},
 		{[]string{"frobnicate"}, []string{`unknown command "frobnicate"`, "Run 'leasefs --help' for usage."}},
 		{[]string{"--bogus"}, []string{"--bogus", "Run 'leasefs --help' for usage."}},
+		{[]string{"ls", "--state", ""}, []string{"--state is empty", "Run 'leasefs ls --help' for usage."}},
+		{[]string{"history", "--state="}, []string{"--state is empty"}},
+		{[]string{"status", "--state", ""}, []string{"--state is empty"}},
+		{[]string{"mount", "--state", "", "x"}, []string{"--state is empty"}},
+		{[]string{"lock", "--mount", "", "a", "--", "true"}, []string{"--mount is empty"}},
+		{[]string{"lock", "a\xff", "--", "true"}, []string{"not valid UTF-8", "Run 'leasefs lock --help' for usage."}},
+		{[]string{"lock", strings.Repeat("a", 256), "--", "true"}, []string{"name too long", "Run 'leasefs lock --help' for usage."}},
+		{[]string{"completion", "tcsh"}, []string{`unknown shell "tcsh"`, "bash", "Run 'leasefs completion --help' for usage."}},
 	}
 	for _, c := range cases {
 		r := runCLI(t, c.args...)

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -240,6 +241,11 @@ func checkLockName(name string) error {
 		if part == "" || part == "." || part == ".." {
 			return usageError{fmt.Errorf("NAME %q: empty, \".\" and \"..\" components are not lease names", name)}
 		}
+	}
+	// The mount would refuse the rest with EINVAL or ENAMETOOLONG
+	// (docs/PROTOCOL.md §3): a bad name is the caller's mistake, as above.
+	if err := leasecore.ValidateResource(name); err != nil {
+		return usageError{fmt.Errorf("NAME %q: %s", name, internalPrefixes.Replace(err.Error()))}
 	}
 	return nil
 }

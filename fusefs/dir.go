@@ -35,6 +35,8 @@ var (
 	_ = (fs.NodeStatfser)((*dirNode)(nil))
 	_ = (fs.NodeGetxattrer)((*dirNode)(nil))
 	_ = (fs.NodeListxattrer)((*dirNode)(nil))
+	_ = (fs.NodeSetxattrer)((*dirNode)(nil))
+	_ = (fs.NodeRemovexattrer)((*dirNode)(nil))
 )
 
 // dirMode is the mode of every directory.
@@ -267,4 +269,15 @@ func (d *dirNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 // Listxattr: directories have no attributes.
 func (d *dirNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
 	return 0, 0
+}
+
+// Setxattr is refused with EPERM, as on a lease (docs/PROTOCOL.md §3):
+// a namespace keeps no attributes.
+func (d *dirNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return d.fsys.refuse("setxattr", d.path, callerOf(ctx), syscall.EPERM, "namespaces keep no attributes")
+}
+
+// Removexattr is refused with EPERM, as Setxattr is.
+func (d *dirNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return d.fsys.refuse("removexattr", d.path, callerOf(ctx), syscall.EPERM, "namespaces keep no attributes")
 }

@@ -157,11 +157,15 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		_, err = h.fsys.store.RequestTakeover(ctx, l.ID, leasecore.TakeoverRequest{By: by, Reason: cmd.reason})
 	}
 	if errors.Is(err, leasecore.ErrTokenMismatch) && h.dropUnclaimed() {
-		// The writer opened a free name with O_CREAT to renew a lease that
-		// had ended: its token is that lease's, and the reservation the
-		// open made is nobody's (docs/PROTOCOL.md §3).
+		// The writer opened a free name with O_CREAT to renew a lease
+		// (`echo "$tok" >| name`): the name had no live lease, so whatever
+		// lease the token was for, if any, has ended, and the reservation
+		// the open made is nobody's. The store keeps no way to tell an
+		// ended lease's token from a mistyped one; either way the caller
+		// holds nothing here, which ESTALE says (docs/PROTOCOL.md §3,
+		// "Choices").
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.ESTALE,
-			"the lease of this token has ended; the reservation this open made is released")
+			"the name had no live lease for this token (ended, or never issued); the reservation this open made is released")
 	}
 	if err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)

@@ -439,6 +439,12 @@ func TestRefusedDirOps(t *testing.T) {
 	if sz, errno := e.root.Listxattr(ctx, nil); errno != 0 || sz != 0 {
 		t.Errorf("Listxattr on a directory = %d %v", sz, errno)
 	}
+	if errno := e.root.Setxattr(ctx, "user.lease.status", []byte("complete"), 0); errno != syscall.EPERM {
+		t.Errorf("Setxattr on a directory = %v, want EPERM", errno)
+	}
+	if errno := e.root.Removexattr(ctx, "user.lease.status"); errno != syscall.EPERM {
+		t.Errorf("Removexattr on a directory = %v, want EPERM", errno)
+	}
 }
 
 func second(_ *fs.Inode, errno syscall.Errno) syscall.Errno { return errno }

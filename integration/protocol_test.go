@@ -78,6 +78,29 @@ func TestShellReserveRenewRelease(t *testing.T) {
 	if h == nil || fmt.Sprint(h["status"]) != "complete" || fmt.Sprint(h["resource"]) != "feature-a" {
 		t.Errorf("leasefs history --json: lease %s = %v, want resource feature-a, status complete", id, h)
 	}
+
+	// Renewing after the lease ended, or with a token never issued: the
+	// O_CREAT of >| reserves the free name, the write is refused with
+	// ESTALE, and that reservation is released at once (PROTOCOL §3,
+	// "Choices").
+	for _, stale := range []string{tok, "hwl_" + strings.Repeat("a", 39)} {
+		r := sh(t, `echo "$TOK" >| "$P"`, env, "TOK="+stale)
+		if r.code == 0 || !strings.Contains(r.stderr, "Stale file handle") {
+			t.Errorf("echo %s >| file after the lease ended: %s, want ESTALE (Stale file handle)", stale, r)
+		}
+		if slices.Contains(listMount(t, d.mountpoint), "feature-a") {
+			t.Errorf("feature-a is held after the refused renew with %s: the reservation of >| was kept", stale)
+		}
+	}
+	abandoned := 0
+	for _, l := range cliJSON(t, "history", "--state", d.state, "feature-a", "--json") {
+		if fmt.Sprint(l["status"]) == "abandoned" {
+			abandoned++
+		}
+	}
+	if abandoned != 2 {
+		t.Errorf("history of feature-a has %d abandoned leases, want the 2 reservations of the refused renews", abandoned)
+	}
 }
 
 // TestPythonProtocol drives the read/write protocol through one python3 descriptor and checks
@@ -289,6 +312,8 @@ out("xstatus", os.getxattr(p, "user.lease.status"))
 out("xresource", os.getxattr(p, "user.lease.resource"))
 out("xunknown", err(os.getxattr, p, "user.lease.nope"))
 out("xlist", json.dumps(os.listxattr(p)))
+out("xsetdir", err(os.setxattr, M, "user.lease.status", b"complete"))
+out("xremovedir", err(os.removexattr, M, "user.lease.status"))
 `, "M="+d.mountpoint)
 	for _, k := range []string{"rename", "link", "symlink", "mknod", "chmod", "chown"} {
 		wantKV(t, kv, k, "EPERM")
@@ -301,6 +326,8 @@ out("xlist", json.dumps(os.listxattr(p)))
 	wantKV(t, kv, "xstatus", "active")
 	wantKV(t, kv, "xresource", "held")
 	wantKV(t, kv, "xunknown", "ENODATA")
+	wantKV(t, kv, "xsetdir", "EPERM")
+	wantKV(t, kv, "xremovedir", "EPERM")
 	var names []string
 	if err := json.Unmarshal([]byte(kv["xlist"]), &names); err != nil || !slices.Contains(names, "user.lease.resource") {
 		t.Errorf("listxattr = %s, want it to include user.lease.resource", kv["xlist"])

@@ -347,7 +347,11 @@ func (s *store) End(ctx context.Context, id string, status Status) (Lease, error
 		return Lease{}, err
 	}
 	return s.mutateActive(id, nil, ChangeReleased, func(e *entry) error {
-		return s.endLocked(e, e.lease, status, ChangeReleased, "ended by its holder", e.lease.Mode == ModeHandle)
+		// No token was shown: the mount ended it for a caller it authorised
+		// (an unlink by the holder uid, the close of a handle lease) or on
+		// the holder's behalf (a handover, a refused call's reservation),
+		// and logs which.
+		return s.endLocked(e, e.lease, status, ChangeReleased, "ended by the mount without a token", e.lease.Mode == ModeHandle)
 	})
 }
 
