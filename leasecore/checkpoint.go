@@ -92,7 +92,7 @@ func (s *FileStore) rotate() error {
 	}
 	// The finished epoch's checkpoint syncs its records: every one of
 	// them must be in its file first.
-	if err := s.flushLagging(0); err != nil {
+	if err := s.flushLagging(); err != nil {
 		return err
 	}
 	j := s.jnl()
@@ -141,7 +141,7 @@ func (s *FileStore) fullCheckpoint() error {
 	if err := s.settleCheckpoint(); err != nil {
 		return err
 	}
-	if err := s.flushLagging(0); err != nil {
+	if err := s.flushLagging(); err != nil {
 		return err
 	}
 	if err := s.syncRecords(slices.Collect(maps.Keys(s.dirty))); err != nil {

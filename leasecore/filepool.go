@@ -36,9 +36,10 @@ const maxFreeFiles = 1024
 // store's mutex. The maker runs when the stock falls below spareLow, fills
 // it to spareStock and ends; [filePool.stop] waits for it.
 //
-// free is guarded by the store's mu; made, making and stopped by the
-// pool's own mu, a leaf lock (taken under the store's mu by take, alone by
-// the maker, which never takes the store's mu). next is atomic.
+// free and inline are guarded by the store's recMu; made, making and
+// stopped by the pool's own mu, a leaf lock (taken under recMu by take,
+// alone by the maker, which never takes the store's locks). next is
+// atomic.
 type filePool struct {
 	free []freeFile
 	// inline counts the files take had to create itself, for tests.

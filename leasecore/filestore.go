@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,6 +61,20 @@ type FileStore struct {
 	// yet written to their files, by lease id (writebehind.go); each is
 	// also in dirty. Guarded by mu.
 	lagging map[string]laggingRecord
+	// lagVersion numbers the changes written behind. Guarded by mu.
+	lagVersion uint64
+	// recMu serialises what is done to the files of writer-leases — record
+	// writes, renames and removals, the pool's free list — and the holds
+	// of the store lock (flock) that cover them.
+	//
+	// Lock order: mu, then recMu, then a journal's mu and the pool's mu.
+	// The record flusher alone holds recMu without mu, while it writes a
+	// batch (writebehind.go); it takes recMu before it lets mu go.
+	recMu sync.Mutex
+	// loading: load holds recMu and the store lock, under which the
+	// records it settles are written. Set and read only by the goroutine
+	// that opens the store, before the flusher starts.
+	loading bool
 	// flusher writes lagging records in the background.
 	flusher recordFlusher
 	// ckpt is the background checkpoint of prev's epoch, nil once it has
@@ -68,7 +83,8 @@ type FileStore struct {
 	// checkpointAt is the active journal's length that makes the next
 	// change rotate: checkpointBytes, smaller in tests. Guarded by mu.
 	checkpointAt int64
-	// pool holds the spare files that putRecord writes into. Guarded by mu.
+	// pool holds the spare files that putRecord writes into. Guarded by
+	// recMu (see filePool).
 	pool filePool
 	// spares are the names of the spare files found at load, adopted
 	// into pool once the start's checkpoint succeeds. Guarded by mu.
@@ -305,7 +321,9 @@ func (s *FileStore) closeFiles() {
 }
 
 // flock takes the cross-process store lock, retrying on EINTR, and returns
-// its release.
+// its release. The caller holds recMu: the lock belongs to the store's one
+// open file description, so a second holder's release would end the first
+// one's hold.
 func (s *FileStore) flock(how int) (func(), error) {
 	if s.lockFile == nil {
 		return func() {}, nil
@@ -359,10 +377,15 @@ func (s *FileStore) load() error {
 	if s.opts.ReadOnly {
 		unlock = s.readLock()
 	} else {
+		s.recMu.Lock()
+		defer s.recMu.Unlock()
 		var err error
 		if unlock, err = s.flock(unix.LOCK_EX); err != nil {
 			return err
 		}
+		// The records load settles are written under these holds.
+		s.loading = true
+		defer func() { s.loading = false }()
 	}
 	defer unlock()
 
@@ -518,11 +541,15 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 	if s.writesBehind() {
 		return recordStamp{}, s.writeBehind(l, data)
 	}
-	unlock, err := s.flock(unix.LOCK_EX)
-	if err != nil {
-		return recordStamp{}, err
+	if !s.loading {
+		s.recMu.Lock()
+		defer s.recMu.Unlock()
+		unlock, err := s.flock(unix.LOCK_EX)
+		if err != nil {
+			return recordStamp{}, err
+		}
+		defer unlock()
 	}
-	defer unlock()
 	// No record lags here: only a running flusher leaves records lagging.
 	stamp, err := s.putRecord(l.ID, data, s.leases[l.ID] == nil)
 	if err != nil {
@@ -532,7 +559,25 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 	return stamp, nil
 }
 
-// putRecord writes data as the record of lease id without fsync — the
+// putRecord writes data as the record of lease id (writeRecordFile) and
+// accounts it: the record must be synced at the next checkpoint, and the
+// record cache has one more change. It returns the stamp of the record's
+// file, zero if it cannot be had (the record is then left out of the
+// record cache). Errors: as writeRecordFile. The caller holds mu, recMu
+// and the store lock; fresh says whether no file of the record is thought
+// to exist yet.
+func (s *FileStore) putRecord(id string, data []byte, fresh bool) (recordStamp, error) {
+	stamp, ctime, err := s.writeRecordFile(id, data, fresh)
+	if err != nil {
+		return recordStamp{}, err
+	}
+	s.dirty[id] = struct{}{}
+	s.cacheChanges++
+	s.lastCtime = max(s.lastCtime, ctime)
+	return stamp, nil
+}
+
+// writeRecordFile writes data as the record of lease id without fsync — the
 // journal holds the change durably until a checkpoint syncs the records
 // (docs/PROTOCOL.md §4.3). The record is replaced atomically: data is
 // written into a spare file of the free pool, which is then exchanged with
@@ -542,18 +587,18 @@ func (s *FileStore) writeRecord(l *Lease, hash string) (recordStamp, error) {
 // record's file joins the pool. Reusing files this way
 // spares the filesystem an inode allocation per change, which costs ten
 // times the write on ext4. A failure (ENOSPC, EROFS, EIO) leaves the old
-// record in place. It returns the stamp of the record's file, zero if it
-// cannot be had (the record is then left out of the record cache). The
-// caller holds mu and the store lock; fresh says whether no file of the
-// record is thought to exist yet.
-func (s *FileStore) putRecord(id string, data []byte, fresh bool) (recordStamp, error) {
+// record in place. It returns the stamp of the record's file (zero if it
+// cannot be had) and the file's ctime in nanoseconds. Errors:
+// *PersistError. The caller holds recMu and the store lock, and mu unless
+// it is the record flusher.
+func (s *FileStore) writeRecordFile(id string, data []byte, fresh bool) (recordStamp, int64, error) {
 	path := filepath.Join(s.dir, id+".toml")
 	if err := s.checkSpace(); err != nil {
-		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, 0, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	spare, err := s.pool.take(s.dir, s.jnl())
 	if err != nil {
-		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, 0, &PersistError{Op: "write", Path: path, Err: err}
 	}
 	if err := overwrite(spare, data); err != nil {
 		// A spare that cannot be written (made immutable by hand, say):
@@ -565,7 +610,7 @@ func (s *FileStore) putRecord(id string, data []byte, fresh bool) (recordStamp, 
 		}
 		if err != nil {
 			s.pool.discard(spare)
-			return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+			return recordStamp{}, 0, &PersistError{Op: "write", Path: path, Err: err}
 		}
 	}
 	flags := uint(unix.RENAME_EXCHANGE)
@@ -590,17 +635,14 @@ func (s *FileStore) putRecord(id string, data []byte, fresh bool) (recordStamp, 
 		s.pool.release(spare, s.jnl().pending()+1)
 	case err != nil:
 		s.pool.discard(spare)
-		return recordStamp{}, &PersistError{Op: "write", Path: path, Err: err}
+		return recordStamp{}, 0, &PersistError{Op: "write", Path: path, Err: err}
 	}
-	s.dirty[id] = struct{}{}
-	s.cacheChanges++
 	// The stamp is taken after the rename, which sets the file's ctime.
 	var st unix.Stat_t
 	if err := unix.Fstatat(int(s.dirFile.Fd()), id+".toml", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return recordStamp{}, nil
+		return recordStamp{}, 0, nil
 	}
-	s.lastCtime = max(s.lastCtime, st.Ctim.Nano())
-	return stampOf(&st, data), nil
+	return stampOf(&st, data), st.Ctim.Nano(), nil
 }
 
 // minFreeBytes is the free space below which the store refuses changes
@@ -658,6 +700,8 @@ func (s *FileStore) removeRecords(ids []string) error {
 	if _, err := s.await(); err != nil {
 		return err
 	}
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
 	unlock, err := s.flock(unix.LOCK_EX)
 	if err != nil {
 		return err

@@ -107,6 +107,8 @@ func (s *FileStore) saveNamespaces(nss map[string]Namespace) error {
 	if err := toml.NewEncoder(&buf).Encode(nf); err != nil {
 		return fmt.Errorf("leasecore: encode namespaces: %w", err)
 	}
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
 	unlock, err := s.flock(unix.LOCK_EX)
 	if err != nil {
 		return err

@@ -133,9 +133,95 @@ func TestWriteBehindCreateAndEnd(t *testing.T) {
 func flushRecords(t testing.TB, s *FileStore) {
 	t.Helper()
 	s.mu.Lock()
-	err := s.flushLagging(0)
+	err := s.flushLagging()
 	s.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A flusher batch writes without the store's mutex: a renew made while the
+// batch holds recMu returns at once, its newer record stays lagging when
+// the batch retires the older one it wrote, and the next batch writes it.
+// A rotation that comes while a batch writes waits for it and writes the
+// newest record itself; the batch then retires nothing.
+func TestWriteBehindBatchWritesWithoutTheMutex(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	ctx := context.Background()
+	s.stopFlusher()
+	g := reserve(t, s, "x")
+
+	b, ok := s.takeBatch(flushChunk)
+	if !ok || len(b) != 1 || b[0].id != g.Lease.ID {
+		t.Fatalf("takeBatch = %d records, %v; want the one of x", len(b), ok)
+	}
+	clock.Advance(time.Second)
+	renewed := make(chan Lease, 1)
+	go func() {
+		l, err := s.Renew(ctx, g.Lease.ID, g.Token, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		renewed <- l
+	}()
+	var newer Lease
+	select {
+	case newer = <-renewed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a renew waited for the flusher's batch")
+	}
+	if err := s.writeBatch(b); err != nil {
+		t.Fatal(err)
+	}
+	if more := s.retireBatch(b); !more {
+		t.Fatal("retireBatch: nothing lagging; want the renew's newer record")
+	}
+	if hb := recordHeartbeat(t, state, g.Lease.ID); !hb.Equal(g.Lease.HeartbeatAt) {
+		t.Fatalf("record heartbeat %v after the batch, want the reservation's %v", hb, g.Lease.HeartbeatAt)
+	}
+	if more, err := s.flushBatch(flushChunk); err != nil || more {
+		t.Fatalf("second batch: more %v, %v; want everything written", more, err)
+	}
+	if hb := recordHeartbeat(t, state, g.Lease.ID); !hb.Equal(newer.HeartbeatAt) {
+		t.Fatalf("record heartbeat %v after the second batch, want the renew's %v", hb, newer.HeartbeatAt)
+	}
+
+	// A rotation during a batch.
+	clock.Advance(time.Second)
+	if _, err := s.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, ok = s.takeBatch(flushChunk); !ok {
+		t.Fatal("takeBatch: nothing lagging after a renew")
+	}
+	clock.Advance(time.Second)
+	newest, err := s.Renew(ctx, g.Lease.ID, g.Token, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := make(chan error, 1)
+	go func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		rotated <- s.rotate()
+	}()
+	if err := s.writeBatch(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-rotated; err != nil {
+		t.Fatal(err)
+	}
+	if more := s.retireBatch(b); more {
+		t.Error("records still lagging after a rotation and the batch")
+	}
+	if hb := recordHeartbeat(t, state, g.Lease.ID); !hb.Equal(newest.HeartbeatAt) {
+		t.Errorf("record heartbeat %v after the rotation, want the newest renew's %v: the batch's older record won", hb, newest.HeartbeatAt)
+	}
+	s.mu.Lock()
+	_, cached := cacheable(s.leases[g.Lease.ID])
+	s.mu.Unlock()
+	if !cached {
+		t.Error("the record is not cacheable: its entry lacks the file's stamp")
 	}
 }
