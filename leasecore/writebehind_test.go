@@ -7,6 +7,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
 // recordHeartbeat returns the heartbeat in the record file of lease id.
@@ -98,9 +100,8 @@ func TestWriteBehindFlusherWritesRecords(t *testing.T) {
 // checkpoint of Close writes the file once, already ended.
 func TestWriteBehindCreateAndEnd(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newTestStore(t, Options{})
+	s, clock, state := newStoreWithoutFlusher(t)
 	ctx := context.Background()
-	s.stopFlusher()
 	g := reserve(t, s, "x")
 	clock.Advance(time.Second)
 	if _, err := s.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
@@ -147,9 +148,8 @@ func flushRecords(t testing.TB, s *FileStore) {
 // newest record itself; the batch then retires nothing.
 func TestWriteBehindBatchWritesWithoutTheMutex(t *testing.T) {
 	t.Parallel()
-	s, clock, state := newTestStore(t, Options{})
+	s, clock, state := newStoreWithoutFlusher(t)
 	ctx := context.Background()
-	s.stopFlusher()
 	g := reserve(t, s, "x")
 
 	b, ok := s.takeBatch(flushChunk)
@@ -224,4 +224,13 @@ func TestWriteBehindBatchWritesWithoutTheMutex(t *testing.T) {
 	if !cached {
 		t.Error("the record is not cacheable: its entry lacks the file's stamp")
 	}
+}
+
+// newStoreWithoutFlusher is newTestStore with the record flusher stopped:
+// records lag until a test writes them.
+func newStoreWithoutFlusher(t *testing.T) (*FileStore, *clocktest.FakeClock, string) {
+	t.Helper()
+	s, clock, state := newTestStore(t, Options{})
+	s.stopFlusher()
+	return s, clock, state
 }
