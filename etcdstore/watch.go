@@ -562,3 +562,13 @@ func (s *Store) Close() error {
 	s.feed.Close()
 	return s.cli.Close()
 }
+
+// OwnsHandle reports whether handle lease id is one this store keeps alive:
+// bound through this daemon's mount (see [leasecore.HandleOwner]).
+func (s *Store) OwnsHandle(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handles[id] != nil
+}
+
+var _ leasecore.HandleOwner = (*Store)(nil)

@@ -136,7 +136,8 @@ func (f *FS) Run(ctx context.Context) {
 }
 
 // Drain stops granting leases (creates and locks fail with EAGAIN, blocked
-// lock waits end with EAGAIN) and ends every handle lease as abandoned, so
+// lock waits end with EAGAIN) and ends every handle lease held through this
+// mount ([leasecore.OwnsHandle]) as abandoned, so
 // their open files answer ESTALE: the first step of handing the state
 // directory over to another daemon. Token leases are untouched. Safe to
 // call more than once.
@@ -148,7 +149,9 @@ func (f *FS) Drain(ctx context.Context) {
 		f.log.Error("drain: listing leases failed", "err", err)
 	}
 	for _, l := range leases {
-		if l.Mode != leasecore.ModeHandle {
+		// A store shared with other daemons (etcd) also lists the handle
+		// leases held through their mounts: those are not this one's to end.
+		if !leasecore.OwnsHandle(f.store, l) {
 			continue
 		}
 		if _, err := f.store.End(ctx, l.ID, leasecore.StatusAbandoned); err == nil {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -140,4 +141,63 @@ func TestEtcdLockLostWithCluster(t *testing.T) {
 	began := time.Now()
 	d.stop(false)
 	t.Logf("the daemon stopped in %v without its cluster", time.Since(began).Round(10*time.Millisecond))
+}
+
+// Daemons that share an etcd store end, when they hand over or stop, only
+// the handle leases held through their own mounts (docs/PROTOCOL.md §8a,
+// §8b): A and B each hold one; C takes over from B, which ends B's lease
+// and not A's; then A stops, warning of its own lease and not of the one
+// held through C.
+func TestEtcdDaemonEndsOnlyItsOwnHandleLeases(t *testing.T) {
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-own"}
+	a := startDaemon(t, daemonOpts{extraArgs: store})
+	b := startDaemon(t, daemonOpts{extraArgs: store})
+	lock := func(d *daemon, name string) (*os.File, string) {
+		t.Helper()
+		f, err := os.OpenFile(filepath.Join(d.mountpoint, name), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			t.Fatalf("flock %s: %v", name, err)
+		}
+		st, _ := statusDoc(t, filepath.Join(d.mountpoint, name))
+		return f, st["lease_id"]
+	}
+	fa, idA := lock(a, "held-via-a")
+	_, idB := lock(b, "held-via-b")
+
+	c := startDaemon(t, daemonOpts{mountpoint: b.mountpoint, state: b.state, takeover: true, extraArgs: store})
+	if code, exited := b.waitExit(15 * time.Second); !exited || code != 0 {
+		t.Fatalf("daemon B after the handover: exited %v, code %d; stderr:\n%s", exited, code, b.stderr())
+	}
+	if st, _ := statusDoc(t, filepath.Join(a.mountpoint, "held-via-a")); st["lease_id"] != idA || st["status"] != "active" {
+		t.Fatalf("A's handle lease after B handed over: %v, want %s active", st, idA)
+	}
+	if _, err := fa.ReadAt(make([]byte, 64), 0); err != nil && !errors.Is(err, io.EOF) {
+		t.Errorf("A's holder reads its descriptor after B handed over: %v, want its status document", err)
+	}
+	if _, err := os.Stat(filepath.Join(a.mountpoint, "held-via-b")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("B's handle lease after B handed over: %v, want it ended (ENOENT)", err)
+	}
+	if strings.Contains(b.stderr(), idA) || !strings.Contains(b.stderr(), idB) {
+		t.Errorf("B's handover log: want its own handle lease %s and not A's %s; stderr:\n%s", idB, idA, b.stderr())
+	}
+
+	_, idC := lock(c, "held-via-c")
+	if code := a.stop(true); code != 0 {
+		t.Fatalf("daemon A exited %d; stderr:\n%s", code, a.stderr())
+	}
+	if !strings.Contains(a.stderr(), idA) || strings.Contains(a.stderr(), idC) {
+		t.Errorf("A's stop warnings: want its own handle lease %s and not C's %s; stderr:\n%s", idA, idC, a.stderr())
+	}
+	if st, _ := statusDoc(t, filepath.Join(c.mountpoint, "held-via-c")); st["lease_id"] != idC || st["status"] != "active" {
+		t.Errorf("C's handle lease after A stopped: %v, want %s active", st, idC)
+	}
+	if code := c.stop(true); code != 0 {
+		t.Errorf("daemon C exited %d; stderr:\n%s", code, c.stderr())
+	}
 }

@@ -35,3 +35,27 @@ type BacklogReporter interface {
 	// refuses the writes (full or read-only).
 	LaggingRecords() int
 }
+
+// HandleOwner is implemented by stores that several daemons share (the
+// etcd store, docs/PROTOCOL.md §8a), where the handle leases in the store
+// are not all held through this daemon's mount. Implementations are safe
+// for concurrent use.
+type HandleOwner interface {
+	// OwnsHandle reports whether handle lease id is held through this
+	// store's daemon: bound by it and kept alive by it.
+	OwnsHandle(id string) bool
+}
+
+// OwnsHandle reports whether l is a handle lease held through the daemon
+// of s: for a [HandleOwner], as it says; for any other store, every handle
+// lease, since one daemon serves it (docs/PROTOCOL.md §2). A daemon ends,
+// when it stops or hands over, only the handle leases it owns (§8a, §8b).
+func OwnsHandle(s Store, l Lease) bool {
+	if l.Mode != ModeHandle {
+		return false
+	}
+	if o, ok := s.(HandleOwner); ok {
+		return o.OwnsHandle(l.ID)
+	}
+	return true
+}

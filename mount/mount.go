@@ -417,7 +417,8 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 		return
 	}
 	for _, l := range leases {
-		if l.Mode == leasecore.ModeHandle {
+		// Not those held through other daemons sharing the store (etcd).
+		if leasecore.OwnsHandle(store, l) {
 			log.Warn("stopping ends a handle lease", "resource", l.Resource, "lease", l.ID,
 				"holder_pid", l.HolderPID, "holder_uid", l.HolderUID)
 		}
