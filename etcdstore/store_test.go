@@ -476,3 +476,36 @@ func TestLeaseDurationOfTheReservingDaemon(t *testing.T) {
 		t.Errorf("the 1 h lease through the 2 s mount after 10 s: %+v, %v; want it live", l, err)
 	}
 }
+
+// Each of two stores sharing a prefix owns only the handle leases it bound
+// (leasecore.OwnsHandle): what a daemon may end when it stops or hands over.
+func TestOwnsHandle(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	a := openAt(t, srv, "/owned", etcdstore.Options{DaemonID: "a"})
+	b := openAt(t, srv, "/owned", etcdstore.Options{DaemonID: "b"})
+	g, err := a.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leasecore.OwnsHandle(a, g.Lease) {
+		t.Error("a token lease counts as an owned handle lease")
+	}
+	l, err := a.Bind(ctx, g.Lease.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, err := b.Load(ctx, l.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !leasecore.OwnsHandle(a, l) || leasecore.OwnsHandle(b, seen) {
+		t.Errorf("OwnsHandle: store a %v, store b %v; want true, false", leasecore.OwnsHandle(a, l), leasecore.OwnsHandle(b, seen))
+	}
+	if _, err := a.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if a.OwnsHandle(l.ID) {
+		t.Error("store a still owns the handle lease it ended")
+	}
+}
