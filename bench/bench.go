@@ -48,7 +48,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fl.SetOutput(stderr)
 	quick := fl.Bool("quick", false, "tiny durations and sample counts (a smoke test, numbers meaningless)")
 	only := fl.String("only", "", "run only rows whose id or name matches this regular expression (e.g. '^1a|^4')")
-	out := fl.String("out", "", "directory for BENCHMARKS.md, with the chart in DIR/bench (default: the module root)")
+	out := fl.String("out", "", "directory for BENCHMARKS.md, with the chart in DIR/bench (default: the module root for a full run; none with -only or -quick)")
 	dur := fl.Duration("duration", time.Second, "measured time of one cell")
 	warm := fl.Duration("warmup", 200*time.Millisecond, "unmeasured warm-up of one cell")
 	profile := fl.String("profile", "", "write the daemon's CPU profile of each 1a–1c cell and its block and mutex profiles to this directory (go tool pprof reads them)")
@@ -75,6 +75,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			return config{}, fmt.Errorf("-only: %w", err)
 		}
 		cfg.only = re
+	}
+	if cfg.out == "" && (cfg.only != nil || cfg.quick) {
+		// A partial or quick run must not replace the repository's
+		// BENCHMARKS.md, the record of a full run.
+		return cfg, nil
 	}
 	if cfg.out == "" {
 		root, err := moduleRoot()

@@ -149,3 +149,21 @@ func TestTraceCells(t *testing.T) {
 		}
 	}
 }
+
+// A partial or quick run without -out writes no BENCHMARKS.md (the
+// repository's is a full run's); a full run defaults to the module root.
+func TestPartialRunWritesNoReport(t *testing.T) {
+	for _, args := range [][]string{{"-only", "^1a$"}, {"-quick"}} {
+		cfg, err := parseFlags(args, &bytes.Buffer{})
+		if err != nil || cfg.out != "" {
+			t.Errorf("parseFlags(%q): out %q, %v; want no output directory", args, cfg.out, err)
+		}
+	}
+	cfg, err := parseFlags(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.out, "go.mod")); err != nil {
+		t.Errorf("full run: out %q is not the module root: %v", cfg.out, err)
+	}
+}

@@ -24,7 +24,10 @@
 //     completed cycles of all clients over the measured window.
 //   - Targets: ratios measured in the same run, with PASS or MISS.
 //   - Output: the table on stdout, progress on stderr, BENCHMARKS.md in
-//     -out (default the module root) and throughput.svg in -out/bench.
+//     -out and throughput.svg in -out/bench. -out defaults to the module
+//     root for a full run; a run with -only or -quick writes neither file
+//     unless -out is given, so that it cannot replace the record of a full
+//     run.
 //   - Profiles: with -profile DIR, the daemon's CPU profile of every cell of
 //     rows 1a–1c (DIR/1a-16clients.cpu.pb.gz, …) and its block and mutex
 //     profiles over the leasefs rows (DIR/leasefs.block.pb.gz,
@@ -85,6 +88,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rep := b.report()
 	if _, err := io.WriteString(stdout, rep.text()); err != nil {
 		return err
+	}
+	if cfg.out == "" {
+		fmt.Fprintln(stderr, "bench: a partial run (-only or -quick) writes no BENCHMARKS.md; pass -out DIR to write one")
+		return nil
 	}
 	return rep.write(cfg.out)
 }
