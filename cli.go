@@ -147,11 +147,12 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		// Without a command, print the help.
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 		// An empty directory flag would otherwise mean the working
-		// directory (filepath.Abs("")), which nobody means by it.
+		// directory (filepath.Abs("")), and an empty --store the default
+		// one: nobody means either (an unset variable in a script, say).
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			for _, name := range []string{"state", "mount"} {
+			for _, name := range []string{"state", "mount", "store"} {
 				if f := cmd.Flags().Lookup(name); f != nil && f.Changed && f.Value.String() == "" {
-					return usageError{fmt.Errorf("--%s is empty: give a directory", name)}
+					return usageError{fmt.Errorf("--%s is empty: give %s", name, emptyFlagHint[name])}
 				}
 			}
 			return nil
@@ -194,6 +195,9 @@ func fixCompletionCmd(root *cobra.Command) {
 	}
 }
 
+// emptyFlagHint says what an empty flag of PersistentPreRunE should be.
+var emptyFlagHint = map[string]string{"state": "a directory", "mount": "a directory", "store": "file or etcd://HOST:PORT/PREFIX"}
+
 // noArgs refuses positional arguments with a usage error.
 func noArgs(cmd *cobra.Command, a []string) error {
 	if len(a) > 0 {
@@ -206,8 +210,11 @@ func noArgs(cmd *cobra.Command, a []string) error {
 // name in its usage error.
 func optionalArg(name string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
-		if len(a) > 1 {
+		switch {
+		case len(a) > 1:
 			return usageError{fmt.Errorf("too many arguments %q: %s takes at most one %s", a, cmd.CommandPath(), name)}
+		case len(a) == 1 && a[0] == "":
+			return usageError{fmt.Errorf("%s is empty: leave it out to mean all", name)}
 		}
 		return nil
 	}
@@ -236,6 +243,9 @@ hand over. Root mounts directly; other users through fusermount3.`,
 				return usageError{errors.New("missing MOUNTPOINT")}
 			case len(a) > 1:
 				return usageError{fmt.Errorf("want one MOUNTPOINT, got %d arguments: %q", len(a), a)}
+			case a[0] == "":
+				// filepath.Abs("") is the working directory.
+				return usageError{errors.New("MOUNTPOINT is empty: give a directory")}
 			}
 			return nil
 		},

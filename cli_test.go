@@ -172,6 +172,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"lock", "--mount", "", "a", "--", "true"}, []string{"--mount is empty"}},
 		{[]string{"lock", "a\xff", "--", "true"}, []string{"not valid UTF-8", "Run 'leasefs lock --help' for usage."}},
 		{[]string{"lock", strings.Repeat("a", 256), "--", "true"}, []string{"name too long", "Run 'leasefs lock --help' for usage."}},
+		{[]string{"mount", ""}, []string{"MOUNTPOINT is empty", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"ls", "--store="}, []string{"--store is empty"}},
+		{[]string{"history", ""}, []string{"RESOURCE is empty", "Run 'leasefs history --help' for usage."}},
 		{[]string{"completion", "tcsh"}, []string{`unknown shell "tcsh"`, "bash", "Run 'leasefs completion --help' for usage."}},
 	}
 	for _, c := range cases {

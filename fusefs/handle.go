@@ -119,9 +119,22 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 // Write carries one command (docs/PROTOCOL.md §4.2): a token renews, a TOML command
 // renews with annotations, completes, abandons or requests a takeover.
 // Errors: EFBIG over [MaxPayload]; EINVAL for a malformed payload; ESTALE
-// when the handle's lease has ended; EACCES for a wrong token or a caller
-// that is not the holder uid; ENOSPC/EIO when the store cannot persist.
+// when the handle's lease has ended, or for a token or takeover written
+// through the open that has just reserved the free name; EACCES for a
+// wrong token or a caller that is not the holder uid; ENOSPC/EIO when the
+// store cannot persist. A refused write through the open that reserved the
+// name, its token still unread, also ends that reservation, so that
+// nothing is left held (docs/PROTOCOL.md §3, "Choices").
 func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n, errno := h.write(ctx, data)
+	if errno != 0 {
+		h.dropUnclaimed()
+	}
+	return n, errno
+}
+
+// write is Write without the cleanup of a refusal.
+func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.Errno) {
 	c := callerOf(ctx)
 	if len(data) > MaxPayload {
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EFBIG, fmt.Sprintf("payload of %d bytes exceeds %d", len(data), MaxPayload))
@@ -136,6 +149,12 @@ func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 	}
 	if cmd.action != actionTakeover && !c.mayHold(l) {
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EACCES, "not the holder uid")
+	}
+	if cmd.action == actionTakeover && h.dropUnclaimed() {
+		// `printf takeover >| name` on a free name: the O_CREAT of >|
+		// reserved it for the writer, so there is no one to take over from.
+		return 0, h.fsys.refuse("write", h.resource, c, syscall.ESTALE,
+			"takeover of a name that had no live lease; the reservation this open made is released")
 	}
 	switch cmd.action {
 	case actionRenew:

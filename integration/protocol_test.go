@@ -92,14 +92,30 @@ func TestShellReserveRenewRelease(t *testing.T) {
 			t.Errorf("feature-a is held after the refused renew with %s: the reservation of >| was kept", stale)
 		}
 	}
+	// Any other refused write through such an open releases its
+	// reservation too, and a takeover finds no one to take over from.
+	for _, c := range []struct{ script, want string }{
+		{`echo garbage >| "$P"`, "Invalid argument"},
+		{`echo >| "$P"`, "Invalid argument"},
+		{`printf takeover >| "$P"`, "Stale file handle"},
+		{`head -c 70000 /dev/zero | tr '\0' x | dd of="$P" bs=70000 count=1 iflag=fullblock conv=notrunc status=none`, "too large"},
+	} {
+		r := sh(t, c.script, env)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%s on a free name: %s, want it refused (%s)", c.script, r, c.want)
+		}
+		if slices.Contains(listMount(t, d.mountpoint), "feature-a") {
+			t.Errorf("feature-a is held after the refused %s: the reservation of its open was kept", c.script)
+		}
+	}
 	abandoned := 0
 	for _, l := range cliJSON(t, "history", "--state", d.state, "feature-a", "--json") {
 		if fmt.Sprint(l["status"]) == "abandoned" {
 			abandoned++
 		}
 	}
-	if abandoned != 2 {
-		t.Errorf("history of feature-a has %d abandoned leases, want the 2 reservations of the refused renews", abandoned)
+	if abandoned != 6 {
+		t.Errorf("history of feature-a has %d abandoned leases, want the 6 reservations of the refused writes", abandoned)
 	}
 }
 
