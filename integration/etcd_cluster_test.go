@@ -157,11 +157,7 @@ func checkExclusion(t testing.TB, log []holdLogEntry) {
 // B and A behind a holder on A are granted in arrival order, each release
 // waking a waiter of the other mount (the delays are logged).
 func TestEtcdTwoMountsRaces(t *testing.T) {
-	requireFUSE(t)
-	srv := etcdtest.Start(t)
-	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-races"}
-	a := startDaemon(t, daemonOpts{extraArgs: store})
-	b := startDaemon(t, daemonOpts{extraArgs: store})
+	_, a, b := startTwoEtcdDaemons(t, "/leasefs-races")
 	mounts := []*daemon{a, b}
 
 	racers := make([]*bgProc, 24)

@@ -19,11 +19,7 @@ import (
 // visible through the other at once and blocks an exclusive create there;
 // its release through the first lets the second reserve.
 func TestEtcdTwoMounts(t *testing.T) {
-	requireFUSE(t)
-	srv := etcdtest.Start(t)
-	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-it"}
-	a := startDaemon(t, daemonOpts{extraArgs: store})
-	b := startDaemon(t, daemonOpts{extraArgs: store})
+	store, a, b := startTwoEtcdDaemons(t, "/leasefs-it")
 	pa, pb := filepath.Join(a.mountpoint, "shared"), filepath.Join(b.mountpoint, "shared")
 
 	// B looks the name up first: a cached "no such file" must not hide
@@ -149,11 +145,7 @@ func TestEtcdLockLostWithCluster(t *testing.T) {
 // and not A's; then A stops, warning of its own lease and not of the one
 // held through C.
 func TestEtcdDaemonEndsOnlyItsOwnHandleLeases(t *testing.T) {
-	requireFUSE(t)
-	srv := etcdtest.Start(t)
-	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-own"}
-	a := startDaemon(t, daemonOpts{extraArgs: store})
-	b := startDaemon(t, daemonOpts{extraArgs: store})
+	store, a, b := startTwoEtcdDaemons(t, "/leasefs-own")
 	lock := func(d *daemon, name string) (*os.File, string) {
 		t.Helper()
 		f, err := os.OpenFile(filepath.Join(d.mountpoint, name), os.O_CREATE|os.O_RDWR, 0o644)
@@ -200,4 +192,14 @@ func TestEtcdDaemonEndsOnlyItsOwnHandleLeases(t *testing.T) {
 	if code := c.stop(true); code != 0 {
 		t.Errorf("daemon C exited %d; stderr:\n%s", code, c.stderr())
 	}
+}
+
+// startTwoEtcdDaemons starts an embedded etcd server and two daemons that
+// share its key prefix, and returns the --store flags that name it.
+func startTwoEtcdDaemons(t *testing.T, prefix string) (store []string, a, b *daemon) {
+	t.Helper()
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	store = []string{"--store", "etcd://" + srv.Endpoint() + prefix}
+	return store, startDaemon(t, daemonOpts{extraArgs: store}), startDaemon(t, daemonOpts{extraArgs: store})
 }
