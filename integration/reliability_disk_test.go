@@ -314,10 +314,17 @@ out("parsed", n)
 out("problems", json.dumps(problems))
 `
 
-// auditState runs [pyStateAudit] on state and counts every problem as a violation.
+// auditState runs [pyStateAudit] on state, under its shared store lock, and counts every
+// problem as a violation.
 func auditState(t testing.TB, tl *outcomeTally, state, when string) {
 	t.Helper()
+	// Under the shared store lock, as every reader of the records: a
+	// serving daemon renames spares into records (and discards them) under
+	// the exclusive one, so without it a listed spare can vanish before
+	// the audit opens it.
+	unlock := lockStoreShared(t, state)
 	kv := pyKV(t, pyStateAudit, "S="+state)
+	unlock()
 	var problems []string
 	if err := json.Unmarshal([]byte(kv["problems"]), &problems); err != nil {
 		t.Fatalf("state audit output %v: %v", kv, err)
