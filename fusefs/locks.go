@@ -87,7 +87,13 @@ func (h *leaseHandle) dropUnclaimed() bool {
 	}
 	ctx := context.Background()
 	if l, err := f.store.Load(ctx, id); err != nil || !l.Live() || l.Mode != leasecore.ModeToken {
-		return false // ended, or bound to a lock since: nothing unclaimed
+		// Ended, or bound to a lock since: nothing unclaimed. A lease the
+		// store could not be asked about keeps its token for the holder's
+		// first read.
+		if err != nil {
+			f.tokens.put(id, tok)
+		}
+		return false
 	}
 	l, err := f.store.End(ctx, id, leasecore.StatusAbandoned)
 	if err != nil {

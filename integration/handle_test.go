@@ -912,3 +912,23 @@ os.close(fd)
 	})
 	wantHistory(t, d.state, "ofd", st["lease_id"], "complete")
 }
+
+// A refused write through the reserving descriptor of a name it has since
+// locked leaves the handle lease alone: only an unclaimed token lease is
+// released by a refused call (docs/PROTOCOL.md §3, "Choices").
+func TestRefusedWriteKeepsLockedReservation(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	kv := pyKV(t, `
+import fcntl
+p = os.path.join(M, "locked")
+fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+out("write", err(os.write, fd, b"garbage"))
+out("mode", os.getxattr(p, "user.lease.mode").decode())
+out("read", err(os.pread, fd, 4096, 0))
+`, "M="+d.mountpoint)
+	wantKV(t, kv, "write", "EINVAL")
+	wantKV(t, kv, "mode", "handle")
+	wantKV(t, kv, "read", "ok")
+}
