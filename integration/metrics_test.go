@@ -254,9 +254,11 @@ func TestPprof(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{metricsAddr: "127.0.0.1:0", extraArgs: []string{"--pprof"}})
 	base := strings.TrimSuffix(d.metricsURL(t), "/metrics")
-	if !strings.Contains(d.stderr(), `msg="serving profiles"`) {
-		t.Errorf("the daemon did not log serving profiles:\n%s", d.stderr())
-	}
+	// The two lines are separate writes: the metrics line can be read
+	// before the profiles line that follows it.
+	eventually(t, 10*time.Second, `the daemon logs msg="serving profiles"`, func() (bool, string) {
+		return strings.Contains(d.stderr(), `msg="serving profiles"`), d.stderr()
+	})
 	mustSh(t, `for i in 1 2 3 4 5; do (set -C; : > "$M/p$i") && rm "$M/p$i"; done`, "M="+d.mountpoint)
 
 	if code, body := httpGet(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK ||
