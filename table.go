@@ -5,18 +5,20 @@ import (
 	"slices"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/mattn/go-runewidth"
 )
 
 // table lays out the rows of "ls" and "history" as text/tabwriter does
 // with padding 2 and spaces (every column but the last as wide as its
 // widest cell plus two), in one buffer: a listing of 100,000 leases
 // formats in a fraction of the time text/tabwriter takes, which keeps a
-// cell per allocation. Widths count runes. Not safe for concurrent use.
+// cell per allocation. Widths are terminal columns, as [cellWidth]
+// measures them. Not safe for concurrent use.
 type table struct {
 	buf    []byte // the cells, back to back
 	ends   []int  // the end of each cell in buf
-	widths []int  // per column, in runes
+	widths []int  // per column, in terminal columns
 	cols   int
 }
 
@@ -43,8 +45,23 @@ func (t *table) grow(rows int) {
 // cell ends the current cell, appended to buf by the caller.
 func (t *table) cell(start int) {
 	col := len(t.ends) % t.cols
-	t.widths[col] = max(t.widths[col], utf8.RuneCount(t.buf[start:]))
+	t.widths[col] = max(t.widths[col], cellWidth(t.buf[start:]))
 	t.ends = append(t.ends, len(t.buf))
+}
+
+// cellWidth returns how many terminal columns c takes: one per byte when
+// c is ASCII (nearly every cell), else its width by Unicode's East Asian
+// Width and grapheme rules, as go-runewidth measures it (a wide CJK
+// character takes two columns; a combining mark, a zero-width joiner or a
+// byte order mark none; East Asian ambiguous characters one, or two under
+// a CJK locale). Text/tabwriter counted runes, which misaligned such names.
+func cellWidth(c []byte) int {
+	for _, b := range c {
+		if b >= 0x80 {
+			return runewidth.StringWidth(string(c))
+		}
+	}
+	return len(c)
 }
 
 func (t *table) text(s string) {
@@ -89,7 +106,7 @@ func (t *table) write(w io.Writer) error {
 			line = line[:0]
 			continue
 		}
-		for pad := t.widths[col] + 2 - utf8.RuneCount(c); pad > 0; pad-- {
+		for pad := t.widths[col] + 2 - cellWidth(c); pad > 0; pad-- {
 			line = append(line, ' ')
 		}
 	}

@@ -9,12 +9,15 @@ import (
 	"testing"
 	"text/tabwriter"
 	"time"
+
+	"github.com/mattn/go-runewidth"
 )
 
 // TestTableMatchesTabwriter checks that the table of "ls" and "history"
 // lays out exactly as text/tabwriter with padding 2 did, for cells of
-// every width, multibyte runes included.
+// every width, multibyte runes of one column included.
 func TestTableMatchesTabwriter(t *testing.T) {
+	pinEastAsianWidth(t, false)
 	rows := [][]string{
 		{"RESOURCE", "MODE", "UID", "EXPIRES IN"},
 		{"a", "token", "0", "4m59s"},
@@ -42,6 +45,51 @@ func TestTableMatchesTabwriter(t *testing.T) {
 	}
 	if got.String() != want.String() {
 		t.Fatalf("table:\n%q\ntabwriter:\n%q", got.String(), want.String())
+	}
+}
+
+// pinEastAsianWidth sets how go-runewidth measures East Asian ambiguous
+// characters (such as ±) for the test: it follows the locale otherwise.
+func pinEastAsianWidth(t *testing.T, wide bool) {
+	old := runewidth.DefaultCondition.EastAsianWidth
+	runewidth.DefaultCondition.EastAsianWidth = wide
+	t.Cleanup(func() { runewidth.DefaultCondition.EastAsianWidth = old })
+}
+
+// TestTableAlignsByDisplayWidth: columns line up on a terminal when a name
+// holds wide CJK characters (two columns each), a combining accent or a
+// byte order mark (none), and East Asian ambiguous characters take two
+// columns under a CJK locale.
+func TestTableAlignsByDisplayWidth(t *testing.T) {
+	// The first column is 11 terminal columns wide (ci/デプロイ), plus 2.
+	for _, tc := range []struct {
+		wide bool
+		want string
+	}{
+		{false, "RESOURCE     MODE\n" +
+			"ci/デプロイ  token\n" + // 3 + 4×2 columns
+			"cafe\u0301" + strings.Repeat(" ", 9) + "token\n" + // the accent combines with e
+			"\ufeffbom" + strings.Repeat(" ", 10) + "token\n" + // the byte order mark takes none
+			"±°" + strings.Repeat(" ", 11) + "token\n"},
+		{true, "RESOURCE     MODE\n" +
+			"ci/デプロイ  token\n" +
+			"cafe\u0301" + strings.Repeat(" ", 9) + "token\n" +
+			"\ufeffbom" + strings.Repeat(" ", 10) + "token\n" +
+			"±°" + strings.Repeat(" ", 9) + "token\n"}, // ambiguous: two columns each
+	} {
+		pinEastAsianWidth(t, tc.wide)
+		tb := newTable(4, "RESOURCE", "MODE")
+		for _, name := range []string{"ci/デプロイ", "cafe\u0301", "\ufeffbom", "±°"} {
+			tb.text(name)
+			tb.text("token")
+		}
+		var got bytes.Buffer
+		if err := tb.write(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != tc.want {
+			t.Errorf("East Asian width %v: table\n%s\nwant\n%s", tc.wide, got.String(), tc.want)
+		}
 	}
 }
 
