@@ -448,9 +448,20 @@ func (s *store) snapshot(e *entry) Lease {
 // history beyond Options.HistoryKeep; it returns the leases it ended. The
 // store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
 // ErrReadOnly, *PersistError from pruning.
-func (s *store) Reap(ctx context.Context) (_ []Lease, err error) {
+func (s *store) Reap(ctx context.Context) ([]Lease, error) {
+	ended, prune, err := s.reapLive()
+	if err != nil {
+		return ended, err
+	}
+	return ended, s.prune(prune)
+}
+
+// reapLive is the first step of Reap, under one hold of mu: it ends the
+// dead leases and returns them, with the ids of the ended records that
+// pruning removes (the oldest beyond HistoryKeep, oldest first).
+func (s *store) reapLive() (_ []Lease, prune []string, err error) {
 	if err := s.begin(true); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer s.unlock(&err)
 	if err := s.syncLocked(); err != nil {
@@ -460,19 +471,26 @@ func (s *store) Reap(ctx context.Context) (_ []Lease, err error) {
 	for _, e := range s.live {
 		live, err := s.checkLive(e)
 		if err != nil {
-			return ended, err
+			return ended, nil, err
 		}
 		if !live {
 			ended = append(ended, s.snapshot(e))
 		}
 	}
-	return ended, s.pruneLocked()
+	return ended, s.pruneCandidates(), nil
 }
 
-// pruneLocked removes the oldest ended records beyond HistoryKeep, after
-// persisting the generation high-water mark so that no generation is ever
-// granted twice (docs/PROTOCOL.md §1). The caller holds mu.
-func (s *store) pruneLocked() error {
+// pruneChunk is how many records one hold of mu prunes: 32, about a
+// millisecond here (each record file is renamed into the spare pool), so
+// that the calls waiting for mu meanwhile wait no longer than a change
+// takes. A prune of the records ended over a second of a busy store
+// (hundreds) held mu for tens of milliseconds at once.
+const pruneChunk = 32
+
+// pruneCandidates returns the ids of the oldest ended records beyond
+// HistoryKeep, oldest first (by completion time, then generation). The
+// caller holds mu.
+func (s *store) pruneCandidates() []string {
 	var ended []*entry
 	for _, e := range s.leases {
 		if e.lease.Status != StatusActive {
@@ -483,15 +501,47 @@ func (s *store) pruneLocked() error {
 	if excess <= 0 {
 		return nil
 	}
-	if err := s.disk.saveGeneration(s.hw); err != nil {
-		return err
-	}
 	slices.SortFunc(ended, func(a, b *entry) int {
 		return cmp.Or(a.lease.CompletedAt.Compare(b.lease.CompletedAt), cmp.Compare(a.lease.Generation, b.lease.Generation))
 	})
 	ids := make([]string, excess)
 	for i, e := range ended[:excess] {
 		ids[i] = e.lease.ID
+	}
+	return ids
+}
+
+// prune removes the ended records ids, pruneChunk of them per hold of mu,
+// after persisting the generation high-water mark so that no generation is
+// ever granted twice (docs/PROTOCOL.md §1). An id no longer held by then
+// is skipped. Errors: ErrClosed, *PersistError; the records not yet
+// removed stay, and the next prune retries them.
+func (s *store) prune(ids []string) error {
+	for len(ids) > 0 {
+		n := min(len(ids), pruneChunk)
+		if err := s.pruneSome(ids[:n]); err != nil {
+			return err
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// pruneSome is one chunk of prune, under one hold of mu.
+func (s *store) pruneSome(ids []string) (err error) {
+	if err := s.begin(true); err != nil {
+		return err
+	}
+	defer s.unlock(&err)
+	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
+		e := s.leases[id]
+		return e == nil || e.lease.Status == StatusActive
+	})
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := s.disk.saveGeneration(s.hw); err != nil {
+		return err
 	}
 	if err := s.disk.removeRecords(ids); err != nil {
 		return err

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -420,5 +422,102 @@ func TestReapEndsExpiredLeases(t *testing.T) {
 	list, err := s.List(ctx)
 	if err != nil || len(list) != 1 || list[0].ID != fresh.Lease.ID {
 		t.Fatalf("List after reap = %+v, %v", list, err)
+	}
+}
+
+// pruneSpy is a persister that records how many records each
+// removeRecords call removes and, at the first, starts a goroutine that
+// takes the store's mutex, noting how many calls had run once it had it.
+type pruneSpy struct {
+	persister
+	s       *store
+	calls   []int
+	gotMuAt chan int
+}
+
+func (p *pruneSpy) removeRecords(ids []string) error {
+	p.calls = append(p.calls, len(ids))
+	if len(p.calls) == 1 {
+		go func() {
+			p.s.mu.Lock()
+			n := len(p.calls)
+			p.s.mu.Unlock()
+			p.gotMuAt <- n
+		}()
+	}
+	return p.persister.removeRecords(ids)
+}
+
+// TestPruneLetsTheMutexGoBetweenChunks: a prune of many records removes
+// them pruneChunk at a time and lets the store's mutex go between chunks,
+// so that a change waits for one chunk, not for the whole prune; every
+// record beyond HistoryKeep is gone once Reap returns, the newest kept.
+func TestPruneLetsTheMutexGoBetweenChunks(t *testing.T) {
+	t.Parallel()
+	const keep, ended = 10, 330 // pruning removes 10 chunks and more
+	s, clock, state := newTestStore(t, Options{HistoryKeep: keep, ReapInterval: time.Hour})
+	ctx := context.Background()
+	var newest []string
+	for i := range ended {
+		g := reserve(t, s, fmt.Sprintf("r%d", i))
+		clock.Advance(time.Millisecond)
+		if _, err := s.End(ctx, g.Lease.ID, StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		if i >= ended-keep {
+			newest = append(newest, g.Lease.ID)
+		}
+	}
+	spy := &pruneSpy{persister: s.disk, s: s.store, gotMuAt: make(chan int, 1)}
+	s.mu.Lock()
+	s.disk = spy
+	s.mu.Unlock()
+	reap(t, s)
+	s.mu.Lock()
+	s.disk = spy.persister
+	calls := slices.Clone(spy.calls)
+	s.mu.Unlock()
+
+	removed := 0
+	for _, n := range calls {
+		if n > pruneChunk {
+			t.Errorf("one hold of the mutex removed %d records, want at most %d", n, pruneChunk)
+		}
+		removed += n
+	}
+	if removed != ended-keep {
+		t.Errorf("removed %d records in %d calls, want %d", removed, len(calls), ended-keep)
+	}
+	if n := <-spy.gotMuAt; n >= len(calls) {
+		t.Errorf("another caller got the mutex only after the last of %d chunks", len(calls))
+	}
+	hist, err := s.History(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range hist {
+		got = append(got, l.ID)
+	}
+	slices.Sort(got)
+	slices.Sort(newest)
+	if !slices.Equal(got, newest) {
+		t.Errorf("history after the prune: %d records, want the newest %d", len(got), keep)
+	}
+	if err := s.Close(); err != nil { // writes the records written behind
+		t.Fatal(err)
+	}
+	names, err := os.ReadDir(filepath.Join(state, "writer-leases"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := 0
+	for _, e := range names {
+		if strings.HasSuffix(e.Name(), ".toml") {
+			records++
+		}
+	}
+	if records != keep {
+		t.Errorf("%d record files after the prune, want %d", records, keep)
 	}
 }
