@@ -445,15 +445,16 @@ func (s *store) snapshot(e *entry) Lease {
 }
 
 // Reap ends every dead lease as abandoned, publishing each end, and prunes
-// history beyond Options.HistoryKeep; it returns the leases it ended. The
-// store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
+// history beyond Options.HistoryKeep, a chunk per hold of the mutex (it
+// stops between chunks once ctx is done); it returns the leases it ended.
+// The store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
 // ErrReadOnly, *PersistError from pruning.
 func (s *store) Reap(ctx context.Context) ([]Lease, error) {
 	ended, prune, err := s.reapLive()
 	if err != nil {
 		return ended, err
 	}
-	return ended, s.prune(prune)
+	return ended, s.prune(ctx, prune)
 }
 
 // reapLive is the first step of Reap, under one hold of mu: it ends the
@@ -514,10 +515,11 @@ func (s *store) pruneCandidates() []string {
 // prune removes the ended records ids, pruneChunk of them per hold of mu,
 // after persisting the generation high-water mark so that no generation is
 // ever granted twice (docs/PROTOCOL.md §1). An id no longer held by then
-// is skipped. Errors: ErrClosed, *PersistError; the records not yet
-// removed stay, and the next prune retries them.
-func (s *store) prune(ids []string) error {
-	for len(ids) > 0 {
+// is skipped. It stops between chunks once ctx is done (the store is
+// closing). Errors: ErrClosed, *PersistError; the records not yet removed
+// stay, and the next prune retries them.
+func (s *store) prune(ctx context.Context, ids []string) error {
+	for len(ids) > 0 && ctx.Err() == nil {
 		n := min(len(ids), pruneChunk)
 		if err := s.pruneSome(ids[:n]); err != nil {
 			return err
