@@ -80,6 +80,10 @@ type FileStore struct {
 	// ckpt is the background checkpoint of prev's epoch, nil once it has
 	// succeeded and been accounted. Guarded by mu.
 	ckpt *backgroundCheckpoint
+	// syncFS syncs the filesystem of the open file fd (unix.Syncfs), nil
+	// where syncfs does not report writeback errors (checkpoint.go). Set
+	// when the store opens.
+	syncFS func(fd int) error
 	// checkpointAt is the active journal's length that makes the next
 	// change rotate: checkpointBytes, smaller in tests. Guarded by mu.
 	checkpointAt int64
@@ -139,6 +143,9 @@ func OpenFileStore(state string, opts Options) (*FileStore, error) {
 	opts = opts.withDefaults()
 	s := &FileStore{state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}), lagging: make(map[string]laggingRecord),
 		checkpointAt: checkpointBytes, minCached: minCachedRecords}
+	if syncfsReportsErrors() {
+		s.syncFS = unix.Syncfs
+	}
 	s.store = newStore(opts, s)
 	if opts.ReadOnly {
 		// Without writer-leases (or without the state directory itself) no
