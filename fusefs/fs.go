@@ -42,7 +42,7 @@ type Options struct {
 // Its state is split by concern, each part with its own lock: tokens (the
 // token vault), sizes (status document lengths), dirInos (namespace inode
 // numbers), posix (fcntl lock owners), requests (node ids of lock requests
-// in flight). Lock order:
+// in flight), unlinked (leases being ended by an unlink). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -59,6 +59,7 @@ type FS struct {
 	dirInos  dirInodes
 	posix    posixOwners
 	requests lockRequests
+	unlinked unlinkedLeases
 
 	// events is the store's change feed, subscribed to in New so that
 	// no end is missed before Run starts.
@@ -129,7 +130,12 @@ func (f *FS) Run(ctx context.Context) {
 			if ev.Kind == leasecore.EventEnded {
 				f.tokens.forget(ev.Lease.ID)
 				f.sizes.forget(ev.Lease.ID)
-				f.invalidate(ev.Lease)
+				// An end by an unlink through this mount is the
+				// kernel's to show; any other end, even of a lease
+				// being unlinked (the reaper was first), is this one's.
+				if !f.unlinked.take(ev.Lease.ID) || ev.Change != leasecore.ChangeReleased {
+					f.invalidate(ev.Lease)
+				}
 			}
 		}
 	}

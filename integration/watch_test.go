@@ -61,3 +61,50 @@ func startInotifywait(t *testing.T, tool string, args ...string) (*logBuffer, <-
 	}
 	return stdout, exited
 }
+
+// TestUnlinkLeavesTheNameToTheKernel checks docs/PROTOCOL.md §6a for an rm
+// through the mount: the kernel raises its own IN_DELETE on the directory
+// and IN_DELETE_SELF on the file, and the daemon sends no NOTIFY_DELETE for
+// a name the kernel has already dropped (it cost every release a write to
+// /dev/fuse and a hold of the directory's lock). An end the daemon makes
+// itself, a handle lease released with its flock, still gets one.
+func TestUnlinkLeavesTheNameToTheKernel(t *testing.T) {
+	t.Parallel()
+	tool := requireTool(t, "inotifywait")
+	requireTool(t, "flock")
+	d := startDaemon(t, daemonOpts{extraArgs: []string{"--fuse-debug"}})
+	p := filepath.Join(d.mountpoint, "unlinked")
+	reserve(t, p)
+	dirEvents, dirExited := startInotifywait(t, tool, "-e", "delete", "--format", "%e %f", d.mountpoint)
+	selfEvents, selfExited := startInotifywait(t, tool, "-e", "delete_self", "--format", "%e", p)
+	mustSh(t, `rm "$P"`, "P="+p)
+	for _, w := range []struct {
+		events *logBuffer
+		exited <-chan struct{}
+		want   string
+	}{{dirEvents, dirExited, "DELETE unlinked"}, {selfEvents, selfExited, "DELETE_SELF"}} {
+		select {
+		case <-w.exited:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s within 10 s of rm; inotifywait said %q", w.want, w.events.String())
+		}
+		if got := strings.TrimSpace(w.events.String()); got != w.want {
+			t.Errorf("inotifywait reported %q, want %q", got, w.want)
+		}
+	}
+
+	// The daemon's feed is handled in order: once the handle lease's
+	// notification is logged, one for the unlinked name would be too.
+	mustSh(t, `flock -n "$P" true`, "P="+filepath.Join(d.mountpoint, "flocked"))
+	eventually(t, 10*time.Second, "a NOTIFY_DELETE of the released handle lease", func() (bool, string) {
+		return strings.Contains(d.stderr(), `NOTIFY_DELETE, `) && strings.Contains(d.stderr(), `"flocked"`), ""
+	})
+	for line := range strings.SplitSeq(d.stderr(), "\n") {
+		if strings.Contains(line, "NOTIFY_DELETE, ") && strings.Contains(line, `"unlinked"`) {
+			t.Errorf("the daemon notified the kernel of the unlinked name: %s", line)
+		}
+	}
+	if r := sh(t, `set -C; : > "$P"`, "P="+p); r.code != 0 {
+		t.Errorf("reserving the unlinked name again: %s", r)
+	}
+}
