@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,9 @@ type config struct {
 	// scaleRepeats is how many restarts, readdirs and ls runs a scale row
 	// takes the median of.
 	scaleRepeats int
+	// clients are the client counts of the cell rows: clientCounts
+	// unless -clients names fewer.
+	clients []int
 	// profile, when set, is the directory for the daemon's profiles during
 	// the leasefs rows (profile.go).
 	profile string
@@ -50,6 +54,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	only := fl.String("only", "", "run only rows whose id or name matches this regular expression (e.g. '^1a|^4')")
 	out := fl.String("out", "", "directory for BENCHMARKS.md, with the chart in DIR/bench (default: the module root for a full run; none with -only or -quick)")
 	dur := fl.Duration("duration", time.Second, "measured time of one cell")
+	clients := fl.String("clients", "1,4,16,64", "comma-separated client counts of the cell rows (a subset is a partial run, e.g. -clients 1 -duration 30s for a sustained one-client cycle)")
 	warm := fl.Duration("warmup", 200*time.Millisecond, "unmeasured warm-up of one cell")
 	profile := fl.String("profile", "", "write the daemon's CPU profile of each 1a–1c cell and its block and mutex profiles to this directory (go tool pprof reads them)")
 	trace := fl.Bool("trace", false, "with -profile: each 1a–1c cell records the daemon's execution trace (DIR/1a-1clients.trace, for go tool trace) instead of its CPU profile")
@@ -69,6 +74,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.duration, cfg.warmup, cfg.killN, cfg.reserveN, cfg.scaleRepeats = 200*time.Millisecond, 50*time.Millisecond, 5, 20, 1
 		cfg.scaleNs = []int{100, 1000}
 	}
+	var err error
+	if cfg.clients, err = parseClients(*clients); err != nil {
+		return config{}, err
+	}
 	if *only != "" {
 		re, err := regexp.Compile(*only)
 		if err != nil {
@@ -76,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 		cfg.only = re
 	}
-	if cfg.out == "" && (cfg.only != nil || cfg.quick) {
+	if cfg.out == "" && (cfg.only != nil || cfg.quick || !slices.Equal(cfg.clients, clientCounts)) {
 		// A partial or quick run must not replace the repository's
 		// BENCHMARKS.md, the record of a full run.
 		return cfg, nil
@@ -89,6 +98,20 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		cfg.out = root
 	}
 	return cfg, nil
+}
+
+// parseClients parses the -clients list: distinct counts of 1 to 1024,
+// comma-separated. Errors: a malformed, out-of-range or repeated count.
+func parseClients(list string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 1024 || slices.Contains(out, n) {
+			return nil, fmt.Errorf("-clients: %q is not a list of distinct counts from 1 to 1024", list)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // moduleRoot returns the directory of the go.mod that holds this command.
@@ -307,7 +330,7 @@ func (b *bench) cellRowNote(id, name string, setup func(clients, i int) (cycle, 
 	if !b.want(id, name) {
 		return nil
 	}
-	for _, n := range clientCounts {
+	for _, n := range b.cfg.clients {
 		if err := b.ctx.Err(); err != nil {
 			return nil
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -153,7 +154,7 @@ func TestTraceCells(t *testing.T) {
 // A partial or quick run without -out writes no BENCHMARKS.md (the
 // repository's is a full run's); a full run defaults to the module root.
 func TestPartialRunWritesNoReport(t *testing.T) {
-	for _, args := range [][]string{{"-only", "^1a$"}, {"-quick"}} {
+	for _, args := range [][]string{{"-only", "^1a$"}, {"-quick"}, {"-clients", "1"}} {
 		cfg, err := parseFlags(args, &bytes.Buffer{})
 		if err != nil || cfg.out != "" {
 			t.Errorf("parseFlags(%q): out %q, %v; want no output directory", args, cfg.out, err)
@@ -165,5 +166,31 @@ func TestPartialRunWritesNoReport(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.out, "go.mod")); err != nil {
 		t.Errorf("full run: out %q is not the module root: %v", cfg.out, err)
+	}
+	if !slices.Equal(cfg.clients, clientCounts) {
+		t.Errorf("full run: clients %v, want %v", cfg.clients, clientCounts)
+	}
+}
+
+// -clients takes distinct counts from 1 to 1024.
+func TestParseClients(t *testing.T) {
+	for _, tc := range []struct {
+		list string
+		want []int
+	}{
+		{"1", []int{1}},
+		{"16, 1", []int{16, 1}},
+		{"1,4,16,64", []int{1, 4, 16, 64}},
+		{"", nil},
+		{"0", nil},
+		{"1025", nil},
+		{"1,1", nil},
+		{"x", nil},
+		{"1,", nil},
+	} {
+		got, err := parseClients(tc.list)
+		if !slices.Equal(got, tc.want) || (err == nil) != (tc.want != nil) {
+			t.Errorf("parseClients(%q) = %v, %v; want %v", tc.list, got, err, tc.want)
+		}
 	}
 }

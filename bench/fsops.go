@@ -180,7 +180,7 @@ func (b *bench) queueRow(id, name, mp string) error {
 	if !b.want(id, name) {
 		return nil
 	}
-	for _, n := range clientCounts {
+	for _, n := range b.cfg.clients {
 		if b.ctx.Err() != nil {
 			return nil
 		}
