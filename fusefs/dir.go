@@ -200,13 +200,12 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 		return d.fsys.refuse("unlink", resource, c, syscall.EPERM, "not the holder uid")
 	}
 	// Marked before the end is published, so that FS.Run, which may see
-	// the end before this returns, leaves the kernel's view to the
-	// kernel.
-	d.fsys.unlinked.add(l.ID)
-	if _, err := d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete); err != nil {
-		// The lease may have ended anyway (an unknown outcome): Run
-		// then invalidates the name as for any other end.
-		d.fsys.unlinked.take(l.ID)
+	// the end before this returns, leaves the kernel's view to the kernel
+	// (see unlinkedLeases).
+	d.fsys.unlinked.mark(l.ID)
+	_, err = d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete)
+	d.fsys.unlinked.done(l.ID, err == nil)
+	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
 	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())

@@ -87,6 +87,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		opts:       opts,
 		started:    time.Now(),
 	}
+	f.unlinked.wake = make(chan struct{}, 1)
 	f.drained, f.drain = context.WithCancel(context.Background())
 	// The feed lives as long as the store: closing the store ends it.
 	f.events = store.Watch(context.Background())
@@ -130,12 +131,22 @@ func (f *FS) Run(ctx context.Context) {
 			if ev.Kind == leasecore.EventEnded {
 				f.tokens.forget(ev.Lease.ID)
 				f.sizes.forget(ev.Lease.ID)
-				// An end by an unlink through this mount is the
-				// kernel's to show; any other end, even of a lease
-				// being unlinked (the reaper was first), is this one's.
-				if !f.unlinked.take(ev.Lease.ID) || ev.Change != leasecore.ChangeReleased {
+				// A release by an unlink through this mount is the
+				// kernel's to show (unlinkedLeases); any other end,
+				// even of a lease being unlinked (the reaper was
+				// first), is this one's.
+				if ev.Change != leasecore.ChangeReleased {
+					f.unlinked.forget(ev.Lease.ID)
+					f.invalidate(ev.Lease)
+				} else if !f.unlinked.skip(ev.Lease) {
 					f.invalidate(ev.Lease)
 				}
+			}
+		case <-f.unlinked.wake:
+			// Releases skipped for unlinks that then failed: another
+			// end won the race, and the kernel still shows the name.
+			for _, l := range f.unlinked.takeRetries() {
+				f.invalidate(l)
 			}
 		}
 	}
