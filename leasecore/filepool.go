@@ -30,7 +30,12 @@ const maxFreeFiles = 1024
 // entry that would repair that name is not yet on disk.
 //
 // Creating a file costs ten to twenty times what overwriting and renaming
-// one does on ext4 (an inode allocation), and a lease cycle makes one new
+// one does on ext4 (an inode allocation) — more after many deletions on an
+// ext4 without a journal, whose allocator skips the inodes freed in the
+// last minutes: measured here, an empty file's creation took 40 µs of
+// system time on a quiet filesystem and 0.5–1.1 ms after tens of thousands
+// of files had been removed (perf: recently_deleted, find_inode_bit and
+// the inode table lookups they make) — and a lease cycle makes one new
 // record, so a background maker keeps a stock of new empty spares ready:
 // the change that needs a file takes one instead of creating it under the
 // store's mutex. The maker runs when the stock falls below spareLow, fills
