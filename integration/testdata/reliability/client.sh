@@ -88,6 +88,9 @@ token_cycle() {
 		return
 	fi
 	if ! [[ $tok =~ ^hwl_[a-z2-7]{39}$ ]]; then
+		# What was read instead, beside the log for whoever reads a
+		# failed run's kept logs.
+		printf '%s\n' "$tok" >|"${LOG%.log}.notoken.$s"
 		end "$s" notoken - 0
 		exec 3>&-
 		return
