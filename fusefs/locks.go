@@ -238,7 +238,20 @@ func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) s
 	}
 	var held *leasecore.LeaseHeldError
 	switch {
+	case err == nil && f.draining.Load():
+		// Granted as the daemon began handing over, perhaps after Drain
+		// listed the leases to end: nothing is held through a draining
+		// mount.
+		if _, err := f.store.End(context.Background(), g.Lease.ID, leasecore.StatusAbandoned); err != nil && !errors.Is(err, leasecore.ErrInactive) {
+			f.log.Error("ending a lease granted during handover failed", "resource", h.resource, "lease", g.Lease.ID, "err", err)
+		}
+		return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
 	case err == nil:
+		// Kept even when the caller was interrupted meanwhile (its
+		// FUSE_INTERRUPT ended the wait's context): the grant came first,
+		// and the kernel returns this reply to the lock call, which then
+		// holds the lock; a caller killed meanwhile releases it by its
+		// FLUSH or RELEASE, which come after this reply.
 		h.bindTo(g.Lease, req)
 		return 0
 	case f.draining.Load():

@@ -2,6 +2,8 @@ package fusefs
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"syscall"
@@ -114,6 +116,69 @@ func TestDrainEndsWaits(t *testing.T) {
 	e.fsys.Drain(context.Background())
 	if errno := <-got; errno != syscall.EAGAIN {
 		t.Fatalf("wait during a drain = %v, want EAGAIN", errno)
+	}
+}
+
+// afterAcquire is a store that runs hook after each Acquire returns, before
+// the caller sees the result: what happens in that instant (an INTERRUPT,
+// the start of a drain) races the grant.
+type afterAcquire struct {
+	leasecore.Store
+	hook func()
+}
+
+func (s afterAcquire) Acquire(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
+	g, err := s.Store.Acquire(ctx, d)
+	s.hook()
+	return g, err
+}
+
+// A blocking flock granted in the instant the daemon begins to hand over
+// (after Drain listed the handle leases to end) answers EAGAIN and ends the
+// grant: nothing is held through a draining mount. An INTERRUPT in that
+// instant keeps the grant.
+func TestFlockGrantRacingTheEndOfItsWait(t *testing.T) {
+	for _, drain := range []bool{true, false} {
+		name := "interrupted"
+		if drain {
+			name = "draining"
+		}
+		t.Run(name, func(t *testing.T) {
+			base := newEnv(t, leasecore.Options{})
+			ctx, interrupt := interruptible(uidBob)
+			var f *FS
+			f = New(afterAcquire{Store: base.store, hook: func() {
+				if drain {
+					f.draining.Store(true)
+				} else {
+					interrupt()
+				}
+			}}, Options{Logger: slog.New(slog.DiscardHandler)})
+			_ = f.RawFileSystem()
+			n, h1 := mustCreate(t, as(uidAlice), f.root, "q")
+			if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+				t.Fatalf("holder flock: %v", errno)
+			}
+			h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
+			got := make(chan syscall.Errno, 1)
+			go func() { got <- h2.Setlkw(ctx, 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+			waitStoreWaiters(t, base.store, "q", 1)
+			if errno := h1.Setlk(as(uidAlice), 1, flockLk(syscall.F_UNLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+				t.Fatalf("holder unlock: %v", errno)
+			}
+			errno := <-got
+			l, err := base.store.Live(context.Background(), "q")
+			switch {
+			case drain && errno != syscall.EAGAIN:
+				t.Fatalf("flock granted during a drain = %v, want EAGAIN", errno)
+			case drain && !errors.Is(err, leasecore.ErrNotFound):
+				t.Fatalf("after a grant refused for the drain, Live(q) = %+v, %v; want no live lease", l, err)
+			case !drain && errno != 0:
+				t.Fatalf("flock granted as it was interrupted = %v, want 0", errno)
+			case !drain && (err != nil || l.ID != h2.leaseID() || l.HolderUID != uidBob):
+				t.Fatalf("after a grant that raced an interrupt, Live(q) = %+v, %v; want bob's lease bound to the waiter", l, err)
+			}
+		})
 	}
 }
 

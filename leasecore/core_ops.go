@@ -134,14 +134,8 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 				continue
 			}
 		case w != nil && w.done:
-			if ctx.Err() != nil && w.err == nil {
-				// Granted while the caller gave up: nobody will use the
-				// lease, so end it, which hands the name on.
-				if e := s.leases[w.grant.Lease.ID]; e != nil && e.lease.Status == StatusActive {
-					_ = s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "granted to a waiter that gave up", true)
-				}
-				return Grant{}, ctx.Err()
-			}
+			// Granted, even if ctx ended meanwhile: the grant came first,
+			// and the caller holds the lease (see [Store.Acquire]).
 			return w.grant, w.err
 		case w == nil && s.queues.count(d.Resource) == 0:
 			g, err := s.reserveLocked(d)

@@ -162,7 +162,10 @@ type Store interface {
 	// every mount of the store (docs/PROTOCOL.md §6). A waiting caller
 	// counts in the Waiters of the live lease. Errors: those of Reserve
 	// except ErrHeld; ctx.Err() when ctx ends first, with nothing
-	// reserved; ErrClosed when the store closes.
+	// reserved; ErrClosed when the store closes. A grant made before the
+	// call saw ctx end is returned with a nil error even if ctx has ended
+	// by then: the lease is the caller's to use or end (a lock granted an
+	// instant before a signal arrived, for fcntl(2) F_SETLKW).
 	Acquire(ctx context.Context, d Draft) (Grant, error)
 	// Live returns the live lease on resource. Errors: ErrNotFound.
 	Live(ctx context.Context, resource string) (Lease, error)

@@ -94,6 +94,46 @@ func TestCancelledWaiterPassesTheName(t *testing.T) {
 	}
 }
 
+// A waiter granted the name in the instant its context ends (a signal
+// interrupting a blocking flock as the holder releases) gets the grant: the
+// lease was handed to it first, and dropping it would pass the name on
+// behind the caller's back.
+func TestGrantRacingCancelIsKept(t *testing.T) {
+	t.Parallel()
+	s, _, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	holder := reserve(t, s, "x")
+	cctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		g   Grant
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		g, err := s.Acquire(cctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 101, Mode: ModeHandle})
+		got <- result{g, err}
+	}()
+	waitFor(t, "the waiter queued", func() bool {
+		l, err := s.Live(ctx, "x")
+		return err == nil && l.Waiters == 1
+	})
+	// Hand the name to the waiter and end its context before it can run.
+	s.mu.Lock()
+	if err := s.endLocked(s.leases[holder.Lease.ID], s.leases[holder.Lease.ID].lease, StatusComplete, ChangeReleased, "test", false); err != nil {
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
+	cancel()
+	s.mu.Unlock()
+	r := <-got
+	if r.err != nil || r.g.Lease.HolderPID != 101 {
+		t.Fatalf("Acquire = %+v, %v; want the grant made before the cancellation", r.g.Lease, r.err)
+	}
+	if l, err := s.Live(ctx, "x"); err != nil || l.ID != r.g.Lease.ID {
+		t.Errorf("Live(x) = %+v, %v; want the granted lease %s, still live", l, err, r.g.Lease.ID)
+	}
+}
+
 // A lease handed to a waiter that ends before the waiter wakes (a holder
 // of the uid removed the name in between) is not returned: the waiter
 // gets a live lease, here a new one once the name is free again.
