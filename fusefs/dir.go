@@ -187,14 +187,18 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 }
 
 // Unlink releases the live lease on name as complete (docs/PROTOCOL.md §3). Errors:
-// ENOENT when there is none, EPERM when the caller is neither the holder
-// uid nor root.
+// ENOENT when there is none, or when another end of the lease won the race
+// against this one; EPERM when the caller is neither the holder uid nor
+// root.
 func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	c := callerOf(ctx)
 	resource := joinResource(d.path, name)
-	l, err := d.fsys.store.Live(ctx, resource)
+	l, err := d.unlinkTarget(ctx, name, resource)
 	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
+	}
+	if !l.Live() {
+		return d.fsys.refuse("unlink", resource, c, syscall.ENOENT, "the lease it looked up has ended")
 	}
 	if !c.mayHold(l) {
 		return d.fsys.refuse("unlink", resource, c, syscall.EPERM, "not the holder uid")
@@ -205,11 +209,33 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	d.fsys.unlinked.mark(l.ID)
 	_, err = d.fsys.store.End(ctx, l.ID, leasecore.StatusComplete)
 	d.fsys.unlinked.done(l.ID, err == nil)
+	if errors.Is(err, leasecore.ErrInactive) {
+		// Another end won the race (the holder's unlock or close, an
+		// expiry): the name is gone, as after a racing unlink. Not
+		// ESTALE, which the kernel answers by looking the name up again
+		// and unlinking whatever lease holds it by then: a waiter
+		// granted the name in between would lose it.
+		return d.fsys.refuse("unlink", resource, c, syscall.ENOENT, "ended by another release first")
+	}
 	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
 	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
 	return 0
+}
+
+// unlinkTarget returns the lease an unlink of name ends: the one the
+// kernel looked up for it, whose node is the name's child in the inode tree
+// (the lookup and the UNLINK come under one hold of the directory's lock),
+// possibly ended since; the name's live lease when the tree has no such
+// child. Errors: ErrNotFound, and the store's.
+func (d *dirNode) unlinkTarget(ctx context.Context, name, resource string) (leasecore.Lease, error) {
+	if child := d.GetChild(name); child != nil {
+		if n, ok := child.Operations().(*leaseNode); ok {
+			return d.fsys.store.Load(ctx, n.id)
+		}
+	}
+	return d.fsys.store.Live(ctx, resource)
 }
 
 // Mkdir creates namespace name (docs/PROTOCOL.md §3). Errors: EEXIST, EINVAL,

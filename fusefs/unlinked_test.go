@@ -79,8 +79,10 @@ func TestUnlinkMarksItsLeaseForRun(t *testing.T) {
 			// server, and Run logs that).
 			f.root.AddChild("u", n.EmbeddedInode(), false)
 			startRun(t, f)
-			if errno := f.root.Unlink(ctx, "u"); !errors.Is(errno, syscall.ESTALE) {
-				t.Fatalf("Unlink = %v, want ESTALE", errno)
+			// ENOENT, not ESTALE: the kernel would repeat the unlink
+			// on whatever lease held the name by then.
+			if errno := f.root.Unlink(ctx, "u"); !errors.Is(errno, syscall.ENOENT) {
+				t.Fatalf("Unlink = %v, want ENOENT", errno)
 			}
 			waitUntil(t, "Run to notify the kernel of the ended lease", func() bool {
 				return strings.Contains(log.String(), "notify delete failed") && strings.Contains(log.String(), "resource=u")
@@ -100,4 +102,33 @@ func TestUnlinkMarksItsLeaseForRun(t *testing.T) {
 			t.Errorf("a refused unlink left %d marks", n)
 		}
 	})
+}
+
+// An unlink ends the lease the kernel looked up for it, never one granted
+// on the name after that lookup: that one stays, and the unlink answers
+// ENOENT.
+func TestUnlinkEndsTheLeaseItLookedUp(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	ctx := as(uidAlice)
+	n, _ := mustCreate(t, ctx, e.root, "u")
+	// Attached as the kernel's lookup for the unlink leaves it.
+	e.root.AddChild("u", n.EmbeddedInode(), false)
+	// Between that lookup and the UNLINK, the lease ends and the name is
+	// granted to another caller.
+	if _, err := e.store.End(context.Background(), n.id, leasecore.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.store.Reserve(context.Background(), leasecore.Draft{Resource: "u", HolderUID: uidAlice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errno := e.root.Unlink(ctx, "u"); errno != syscall.ENOENT {
+		t.Fatalf("Unlink = %v, want ENOENT", errno)
+	}
+	if l, err := e.store.Live(context.Background(), "u"); err != nil || l.ID != g.Lease.ID {
+		t.Fatalf("after the unlink, Live(u) = %+v, %v; want the lease granted after its lookup (%s)", l, err, g.Lease.ID)
+	}
+	if n := marks(e.fsys); n != 0 {
+		t.Errorf("%d marks left", n)
+	}
 }
