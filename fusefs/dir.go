@@ -186,10 +186,10 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 	return node, node.Operations().(*leaseNode).newHandle(g.Lease, true), fuse.FOPEN_DIRECT_IO, 0
 }
 
-// Unlink releases the live lease on name as complete (docs/PROTOCOL.md §3). Errors:
-// ENOENT when there is none, or when another end of the lease won the race
-// against this one; EPERM when the caller is neither the holder uid nor
-// root.
+// Unlink releases, as complete, the lease that the kernel looked up for
+// name (docs/PROTOCOL.md §3; see unlinkTarget). Errors: ENOENT when there is
+// none, or when that lease ended before this could end it; EPERM when the
+// caller is neither the holder uid nor root.
 func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	c := callerOf(ctx)
 	resource := joinResource(d.path, name)
