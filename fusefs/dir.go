@@ -125,6 +125,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		// call), which the caller sees as this errno and the log names.
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
+	d.fsys.lookups.found(callerOf(ctx).tid, resource, l.ID)
 	return d.childLease(ctx, l, out), 0
 }
 
@@ -193,7 +194,7 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	c := callerOf(ctx)
 	resource := joinResource(d.path, name)
-	l, err := d.unlinkTarget(ctx, name, resource)
+	l, err := d.unlinkTarget(ctx, c, name, resource)
 	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
@@ -224,12 +225,16 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	return 0
 }
 
-// unlinkTarget returns the lease an unlink of name ends: the one the
-// kernel looked up for it, whose node is the name's child in the inode tree
-// (the lookup and the UNLINK come under one hold of the directory's lock),
-// possibly ended since; the name's live lease when the tree has no such
-// child. Errors: ErrNotFound, and the store's.
-func (d *dirNode) unlinkTarget(ctx context.Context, name, resource string) (leasecore.Lease, error) {
+// unlinkTarget returns the lease an unlink of name by caller c ends: the
+// one that c's own lookup for the unlink found (see threadLookups), possibly
+// ended since; without a record of it, the lease of the name's node in the
+// inode tree, which a lookup by another process may have replaced by a
+// newer lease's; without that, the name's live lease. Errors: ErrNotFound,
+// and the store's.
+func (d *dirNode) unlinkTarget(ctx context.Context, c caller, name, resource string) (leasecore.Lease, error) {
+	if id, ok := d.fsys.lookups.take(c.tid, resource); ok {
+		return d.fsys.store.Load(ctx, id)
+	}
 	if child := d.GetChild(name); child != nil {
 		if n, ok := child.Operations().(*leaseNode); ok {
 			return d.fsys.store.Load(ctx, n.id)

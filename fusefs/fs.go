@@ -42,7 +42,8 @@ type Options struct {
 // Its state is split by concern, each part with its own lock: tokens (the
 // token vault), sizes (status document lengths), dirInos (namespace inode
 // numbers), posix (fcntl lock owners), requests (node ids of lock requests
-// in flight), unlinked (leases being ended by an unlink). Lock order:
+// in flight), unlinked (leases being ended by an unlink), lookups (the
+// lease each thread last looked up). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -60,6 +61,7 @@ type FS struct {
 	posix    posixOwners
 	requests lockRequests
 	unlinked unlinkedLeases
+	lookups  threadLookups
 
 	// events is the store's change feed, subscribed to in New so that
 	// no end is missed before Run starts.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/leasecore"
@@ -104,31 +107,60 @@ func TestUnlinkMarksItsLeaseForRun(t *testing.T) {
 	})
 }
 
-// An unlink ends the lease the kernel looked up for it, never one granted
-// on the name after that lookup: that one stays, and the unlink answers
-// ENOENT.
+// An unlink ends the lease that its own lookup found, never one granted on
+// the name after that lookup, even when another process's lookup has put
+// the newer lease's node in the inode tree meanwhile: that lease stays, and
+// the unlink answers ENOENT. Without a record of its lookup, an unlink ends
+// the lease of the name's node in the tree.
 func TestUnlinkEndsTheLeaseItLookedUp(t *testing.T) {
-	e := newEnv(t, leasecore.Options{})
-	ctx := as(uidAlice)
-	n, _ := mustCreate(t, ctx, e.root, "u")
-	// Attached as the kernel's lookup for the unlink leaves it.
-	e.root.AddChild("u", n.EmbeddedInode(), false)
-	// Between that lookup and the UNLINK, the lease ends and the name is
-	// granted to another caller.
-	if _, err := e.store.End(context.Background(), n.id, leasecore.StatusComplete); err != nil {
-		t.Fatal(err)
+	other := func(uid uint32) context.Context { // a caller on another thread
+		return fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uid, Gid: uid}, Pid: uint32(os.Getpid() + 1)})
 	}
-	g, err := e.store.Reserve(context.Background(), leasecore.Draft{Resource: "u", HolderUID: uidAlice})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if errno := e.root.Unlink(ctx, "u"); errno != syscall.ENOENT {
-		t.Fatalf("Unlink = %v, want ENOENT", errno)
-	}
-	if l, err := e.store.Live(context.Background(), "u"); err != nil || l.ID != g.Lease.ID {
-		t.Fatalf("after the unlink, Live(u) = %+v, %v; want the lease granted after its lookup (%s)", l, err, g.Lease.ID)
-	}
-	if n := marks(e.fsys); n != 0 {
-		t.Errorf("%d marks left", n)
+	for _, recorded := range []bool{true, false} {
+		name := "its lookup recorded"
+		if !recorded {
+			name = "the inode tree"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, leasecore.Options{})
+			ctx := as(uidAlice)
+			n, _ := mustCreate(t, ctx, e.root, "u")
+			lookupBy := other(uidAlice)
+			if recorded {
+				lookupBy = ctx
+			}
+			var out fuse.EntryOut
+			found, errno := e.root.Lookup(lookupBy, "u", &out)
+			if errno != 0 {
+				t.Fatalf("Lookup: %v", errno)
+			}
+			e.root.AddChild("u", found, true)
+			// Between that lookup and the UNLINK, the lease ends, the
+			// name is granted to another caller, and another process
+			// looks it up.
+			if _, err := e.store.End(context.Background(), n.id, leasecore.StatusComplete); err != nil {
+				t.Fatal(err)
+			}
+			g, err := e.store.Reserve(context.Background(), leasecore.Draft{Resource: "u", HolderUID: uidAlice})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if recorded {
+				newer, errno := e.root.Lookup(other(uidBob), "u", &out)
+				if errno != 0 {
+					t.Fatalf("Lookup of the newer lease: %v", errno)
+				}
+				e.root.AddChild("u", newer, true)
+			}
+			if errno := e.root.Unlink(ctx, "u"); errno != syscall.ENOENT {
+				t.Fatalf("Unlink = %v, want ENOENT", errno)
+			}
+			if l, err := e.store.Live(context.Background(), "u"); err != nil || l.ID != g.Lease.ID {
+				t.Fatalf("after the unlink, Live(u) = %+v, %v; want the lease granted after its lookup (%s)", l, err, g.Lease.ID)
+			}
+			if n := marks(e.fsys); n != 0 {
+				t.Errorf("%d marks left", n)
+			}
+		})
 	}
 }
