@@ -93,17 +93,20 @@ func TestStoreFlagTLSAndAuth(t *testing.T) {
 		}
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	openWith := func(sf storeFlags) (*etcdstore.Store, error) {
+	// An open that must succeed gets a generous timeout: etcd checks the
+	// password with bcrypt, slow in a -race build on a loaded machine (2 s
+	// was seen to expire). One that must fail may wait it out: 2 s.
+	openWith := func(sf storeFlags, timeout time.Duration) (*etcdstore.Store, error) {
 		o, err := sf.options()
 		if err != nil {
 			return nil, err
 		}
-		o.Logger, o.CallTimeout = quiet, 2*time.Second
+		o.Logger, o.CallTimeout = quiet, timeout
 		return etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
 	}
 	t.Setenv(etcdPasswordEnv, "rootpw")
 	sf.user = "root"
-	s, err := openWith(sf)
+	s, err := openWith(sf, 15*time.Second)
 	if err != nil {
 		t.Fatalf("open with TLS and the password from $%s: %v", etcdPasswordEnv, err)
 	}
@@ -113,13 +116,13 @@ func TestStoreFlagTLSAndAuth(t *testing.T) {
 	s.Close()
 	wrong := sf
 	wrong.user = "root:nope"
-	if s, err := openWith(wrong); err == nil {
+	if s, err := openWith(wrong, 2*time.Second); err == nil {
 		s.Close()
 		t.Error("open with a wrong password succeeded")
 	}
 	noCert := sf
 	noCert.cert, noCert.key = "", ""
-	if s, err := openWith(noCert); err == nil {
+	if s, err := openWith(noCert, 2*time.Second); err == nil {
 		s.Close()
 		t.Error("open without the client certificate the server requires succeeded")
 	}

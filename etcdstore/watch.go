@@ -241,7 +241,15 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 			return leasecore.Grant{}, errWaiterGone
 		}
 		if string(head.Kvs[0].Key) == key {
-			g, err := s.reserve(ctx, d, key, myRev)
+			if err := ctx.Err(); err != nil {
+				return leasecore.Grant{}, err
+			}
+			// At the head: the reservation is not cut short by ctx,
+			// whose end mid-call would leave it unknown whether the
+			// cluster granted the lease, which nobody would then hold
+			// or release; a grant made is returned, as
+			// [leasecore.Store.Acquire] says.
+			g, err := s.reserve(context.WithoutCancel(ctx), d, key, myRev)
 			if !errors.Is(err, leasecore.ErrHeld) {
 				return g, err
 			}
