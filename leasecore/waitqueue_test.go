@@ -118,13 +118,7 @@ func TestGrantRacingCancelIsKept(t *testing.T) {
 		return err == nil && l.Waiters == 1
 	})
 	// Hand the name to the waiter and end its context before it can run.
-	s.mu.Lock()
-	if err := s.endLocked(s.leases[holder.Lease.ID], s.leases[holder.Lease.ID].lease, StatusComplete, ChangeReleased, "test", false); err != nil {
-		s.mu.Unlock()
-		t.Fatal(err)
-	}
-	cancel()
-	s.mu.Unlock()
+	endHolderThen(t, s, holder.Lease.ID, cancel)
 	r := <-got
 	if r.err != nil || r.g.Lease.HolderPID != 101 {
 		t.Fatalf("Acquire = %+v, %v; want the grant made before the cancellation", r.g.Lease, r.err)
@@ -156,22 +150,17 @@ func TestVoidHandOffIsNotReturned(t *testing.T) {
 	})
 	// End the holder (handing the name to the waiter) and, before the
 	// waiter can run, end the lease it was handed.
-	s.mu.Lock()
-	if err := s.endLocked(s.leases[holder.Lease.ID], s.leases[holder.Lease.ID].lease, StatusComplete, ChangeReleased, "test", false); err != nil {
-		s.mu.Unlock()
-		t.Fatal(err)
-	}
-	handed := s.live["x"]
-	if handed == nil || handed.lease.HolderPID != 101 {
-		s.mu.Unlock()
-		t.Fatalf("the end did not hand the name to the waiter: %+v", handed)
-	}
-	if err := s.endLocked(handed, handed.lease, StatusComplete, ChangeReleased, "removed by another process of the uid", false); err != nil {
-		s.mu.Unlock()
-		t.Fatal(err)
-	}
-	voided := handed.lease.ID
-	s.mu.Unlock()
+	var voided string
+	endHolderThen(t, s, holder.Lease.ID, func() {
+		handed := s.live["x"]
+		if handed == nil || handed.lease.HolderPID != 101 {
+			t.Fatalf("the end did not hand the name to the waiter: %+v", handed)
+		}
+		if err := s.endLocked(handed, handed.lease, StatusComplete, ChangeReleased, "removed by another process of the uid", false); err != nil {
+			t.Fatal(err)
+		}
+		voided = handed.lease.ID
+	})
 	g := <-got
 	if g.Lease.ID == voided {
 		t.Fatalf("the waiter got the lease that had ended: %s", voided)
@@ -179,4 +168,18 @@ func TestVoidHandOffIsNotReturned(t *testing.T) {
 	if l, err := s.Live(ctx, "x"); err != nil || l.ID != g.Lease.ID {
 		t.Errorf("Live(x) = %+v, %v; want the waiter's lease %s", l, err, g.Lease.ID)
 	}
+}
+
+// endHolderThen ends lease id, which hands its name to the first waiter,
+// and runs then under the same hold of the store's mutex: before the woken
+// waiter can run.
+func endHolderThen(t *testing.T, s *FileStore, id string, then func()) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.leases[id]
+	if err := s.endLocked(e, e.lease, StatusComplete, ChangeReleased, "test", false); err != nil {
+		t.Fatal(err)
+	}
+	then()
 }
