@@ -46,6 +46,15 @@ func callerOf(ctx context.Context) caller {
 	return cl
 }
 
+// callerTID returns the thread behind the request in ctx, 0 when unknown:
+// callerOf without the per-request process memo, for the lookup path.
+func callerTID(ctx context.Context) int {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return int(c.Pid)
+	}
+	return 0
+}
+
 // pid returns the process (thread group) id of the caller, 0 when unknown.
 // Its first call per request may read /proc (see [threadGroups]).
 func (c caller) pid() int {

@@ -125,7 +125,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		// call), which the caller sees as this errno and the log names.
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
-	d.fsys.lookups.found(callerOf(ctx).tid, resource, l.ID)
+	d.fsys.lookups.found(callerTID(ctx), resource, l.ID)
 	return d.childLease(ctx, l, out), 0
 }
 
