@@ -12,16 +12,17 @@ import (
 	"github.com/leasefs/leasefs/leasecore"
 )
 
-// Watch returns the change feed: every event from now on, in order, until
-// ctx is done or the store closes; see [leasecore.Store.Watch]. Events
+// Watch returns the change feed: every event of kinds (every event when
+// none is given) from now on, in order, until ctx is done or the store
+// closes; see [leasecore.Store.Watch]. Events
 // of every mount of the store come from one etcd watch of the prefix, in
 // revision order; the end of a handle lease whose keep-alive this store
 // lost is published by this store alone.
-func (s *Store) Watch(ctx context.Context) <-chan leasecore.Event {
+func (s *Store) Watch(ctx context.Context, kinds ...leasecore.EventKind) <-chan leasecore.Event {
 	s.mu.Lock()
 	from := s.rev
 	s.mu.Unlock()
-	return s.feed.Subscribe(ctx, from)
+	return s.feed.Subscribe(ctx, from, kinds...)
 }
 
 // watch follows the prefix from revision from+1 until the store closes,

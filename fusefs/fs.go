@@ -91,8 +91,10 @@ func New(store leasecore.Store, opts Options) *FS {
 	}
 	f.unlinked.wake = make(chan struct{}, 1)
 	f.drained, f.drain = context.WithCancel(context.Background())
-	// The feed lives as long as the store: closing the store ends it.
-	f.events = store.Watch(context.Background())
+	// The feed lives as long as the store: closing the store ends it. Run
+	// follows only the ends; the renews and binds of the hot paths do not
+	// wake it.
+	f.events = store.Watch(context.Background(), leasecore.EventEnded)
 	f.root = &dirNode{fsys: f}
 	return f
 }

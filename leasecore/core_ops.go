@@ -531,6 +531,9 @@ func (s *store) History(ctx context.Context, resource string) (_ []Lease, err er
 	return out, nil
 }
 
-// Watch returns the change feed: every event from now on, in order, until
-// ctx is done or the store is closed; see [Store.Watch].
-func (s *store) Watch(ctx context.Context) <-chan Event { return s.feed.Subscribe(ctx, 0) }
+// Watch returns the change feed: every event of kinds (every event when
+// none is given) from now on, in order, until ctx is done or the store is
+// closed; see [Store.Watch].
+func (s *store) Watch(ctx context.Context, kinds ...EventKind) <-chan Event {
+	return s.feed.Subscribe(ctx, 0, kinds...)
+}

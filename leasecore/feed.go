@@ -87,7 +87,10 @@ type Feed struct {
 type subscriber struct {
 	// from is the revision the subscriber started at: events of changes
 	// at or before it happened before it subscribed.
-	from    int64
+	from int64
+	// kinds is the set of event kinds it receives (bit 1<<kind), 0 for
+	// every kind.
+	kinds   uint32
 	mu      sync.Mutex
 	pending []Event
 	wake    chan struct{} // buffered 1: pending grew
@@ -96,12 +99,14 @@ type subscriber struct {
 
 // Subscribe returns a channel that receives, in order, every event
 // published from now on whose revision is after from (events published
-// with revision 0 always count; a store without revisions passes 0), until
-// ctx is done or the feed is closed; then it is closed. After Close it
-// returns a closed channel.
-func (f *Feed) Subscribe(ctx context.Context, from int64) <-chan Event {
+// with revision 0 always count; a store without revisions passes 0) and
+// whose kind is one of kinds (every kind when none is given), until ctx is
+// done or the feed is closed; then it is closed. After Close it returns a
+// closed channel. An event of another kind costs the subscriber nothing:
+// Publish does not wake it.
+func (f *Feed) Subscribe(ctx context.Context, from int64, kinds ...EventKind) <-chan Event {
 	out := make(chan Event)
-	sub := &subscriber{from: from, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	sub := &subscriber{from: from, kinds: kindSet(kinds), wake: make(chan struct{}, 1), done: make(chan struct{})}
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -148,6 +153,16 @@ func (f *Feed) Subscribe(ctx context.Context, from int64) <-chan Event {
 	return out
 }
 
+// kindSet returns the set of kinds as a bit mask (1<<kind each), 0 when
+// kinds is empty.
+func kindSet(kinds []EventKind) uint32 {
+	var set uint32
+	for _, k := range kinds {
+		set |= 1 << uint(k)
+	}
+	return set
+}
+
 func (f *Feed) unsubscribe(sub *subscriber) {
 	f.mu.Lock()
 	delete(f.subs, sub)
@@ -164,7 +179,7 @@ func (f *Feed) Publish(rev int64, e Event) {
 		return
 	}
 	for sub := range f.subs {
-		if rev != 0 && rev <= sub.from {
+		if rev != 0 && rev <= sub.from || sub.kinds != 0 && sub.kinds&(1<<uint(e.Kind)) == 0 {
 			continue
 		}
 		sub.mu.Lock()

@@ -210,11 +210,14 @@ type Store interface {
 	// Rmdir removes an empty namespace. Errors: ErrNotFound, ErrNotEmpty,
 	// *PersistError.
 	Rmdir(ctx context.Context, path string) error
-	// Watch returns the change feed: every [Event] from now on, in order,
-	// until ctx is done or the store closes, when the channel is closed.
-	// Events are queued without bound for each watcher, so a slow watcher
-	// delays nobody and misses nothing.
-	Watch(ctx context.Context) <-chan Event
+	// Watch returns the change feed: every [Event] from now on whose kind
+	// is one of kinds (every event when none is given), in order, until
+	// ctx is done or the store closes, when the channel is closed. Events
+	// are queued without bound for each watcher, so a slow watcher delays
+	// nobody and misses nothing; an event of a kind not asked for is not
+	// queued and does not wake the watcher (a renew, the commonest change,
+	// is an EventChanged).
+	Watch(ctx context.Context, kinds ...EventKind) <-chan Event
 	// Close releases the store's resources. Further calls return ErrClosed.
 	Close() error
 }

@@ -131,6 +131,7 @@ func testEvents(t *testing.T, open Factory) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	feed := e.s.Watch(ctx)
+	ends := e.s.Watch(ctx, leasecore.EventEnded)
 	a, b, c := e.reserve("a", 1000), e.reserve("b", 1000), e.reserve("c", 1000)
 	for _, g := range []leasecore.Grant{a, b, c} {
 		select {
@@ -180,8 +181,23 @@ func testEvents(t *testing.T, open Factory) {
 			t.Fatalf("no %v event for %s", w.kind, w.id)
 		}
 	}
+	// A watch of the ends alone gets the same ends in the same order, and
+	// nothing of the reservations and changes before them.
+	for _, w := range want[3:] {
+		select {
+		case ev := <-ends:
+			if ev.Kind != w.kind || ev.Change != w.change || ev.Lease.ID != w.id {
+				t.Fatalf("watch of the ends: event %v (change %d) %s, want %v (change %d) %s", ev.Kind, ev.Change, ev.Lease.ID, w.kind, w.change, w.id)
+			}
+		case <-time.After(guard):
+			t.Fatalf("watch of the ends: no %v event for %s", w.kind, w.id)
+		}
+	}
 	cancel()
 	for range feed { // closed once ctx is done
+	}
+	for ev := range ends {
+		t.Errorf("watch of the ends: a further event %v %s", ev.Kind, ev.Lease.ID)
 	}
 }
 
