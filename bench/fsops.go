@@ -267,6 +267,7 @@ const (
 	nameKillGo  = "same, the holder a Go process (this program)"
 	nameStore   = "leasecore FileStore in-process Reserve+End"
 	nameMemL    = "go-fuse in-memory ceiling: lease cycle (as 1a)"
+	nameMemR    = "go-fuse in-memory ceiling: renew (as 1b)"
 	nameMemH    = "go-fuse in-memory ceiling: handle cycle (as 1c)"
 	nameRename  = "floor: 300 B temp file+fsync+rename+dir fsync"
 	nameFsync   = "floor: 300 B pwrite+fdatasync"

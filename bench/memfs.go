@@ -278,10 +278,10 @@ func memfsMain(args []string) error {
 	return nil
 }
 
-// memfsRows runs rows 3a and 3c against the in-memory filesystem, served
+// memfsRows runs rows 3a, 3b and 3c against the in-memory filesystem, served
 // by a re-executed copy of this command.
 func (b *bench) memfsRows() error {
-	if !b.wantAny(map[string]string{"3a": nameMemL, "3c": nameMemH}) {
+	if !b.wantAny(map[string]string{"3a": nameMemL, "3b": nameMemR, "3c": nameMemH}) {
 		return nil
 	}
 	mp := filepath.Join(b.tmp, "memfs")
@@ -301,6 +301,9 @@ func (b *bench) memfsRows() error {
 		return fmt.Errorf("in-memory go-fuse: %w", err)
 	}
 	if err := b.cellRow("3a", nameMemL, leaseCycle(mp, "lease")); err != nil {
+		return err
+	}
+	if err := b.cellRow("3b", nameMemR, renewCycle(mp)); err != nil {
 		return err
 	}
 	return b.cellRow("3c", nameMemH, handleCycle(mp, "handle"))

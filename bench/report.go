@@ -153,6 +153,7 @@ func (b *bench) targets() []target {
 		b.compare("lease cycle, 16 clients, best reachable: go-fuse in-memory (3a) / etcd (5d)", "3a", 16, "5d", 16),
 		b.ratio("lease cycle, 16 clients: leasefs (1a) / go-fuse in-memory (3a)", "1a", 16, "3a", 16, 0.5),
 		b.ratio("renew, 1 client: leasefs (1b) / 300 B pwrite+fdatasync (4f)", "1b", 1, "4f", 1, 0.5),
+		b.reachable("renew, 1 client, best reachable: (3b + 4f) / 300 B pwrite+fdatasync (4f)", "3b", 1, "4f"),
 		b.ratio("handle-lease cycle, 1 client: leasefs (1c) / Redis always (6a)", "1c", 1, "6a", 1, 1.0),
 		b.reachable("handle-lease cycle, 1 client, best reachable: (3c + 3 × 4f) / Redis (6a)", "3c", 3, "6a"),
 		b.ratio("one name, 16 clients: leasefs (1d) / etcd shared-key Mutex (5s)", "1d", 16, "5s", 16, 10),
@@ -343,8 +344,8 @@ func (r report) markdown() []byte {
 	}
 	b.WriteString("\n\"Best reachable\" rows bound what any daemon could do here: a lease cycle makes two durable commits " +
 		"(the reservation and the release: each answers only once its journal entry is fdatasynced, docs/PROTOCOL.md §4.3), " +
-		"a handle-lease cycle three (reservation, flock, unlock), so at 1 client a cycle takes at least one cycle of the " +
-		"go-fuse in-memory filesystem (3a, 3c: the same system calls, no store) plus that many fdatasyncs (4f) one after " +
+		"a renew one, a handle-lease cycle three (reservation, flock, unlock), so at 1 client a cycle takes at least one cycle of the " +
+		"go-fuse in-memory filesystem (3a, 3b, 3c: the same system calls, no store) plus that many fdatasyncs (4f) one after " +
 		"the other; at 16 clients it cannot beat the in-memory filesystem itself. A target above its bound is out of reach " +
 		"on this machine, whatever the store does.\n")
 	b.WriteString("\n## Results\n\n![throughput against clients](bench/throughput.svg)\n\n")
@@ -367,7 +368,7 @@ const rowsDoc = `
 - **1c** open(O_CREAT|O_RDWR) of a free name (a reservation) + flock(LOCK_EX|LOCK_NB) (binds it as a handle lease) + flock(LOCK_UN) (ends it) + close (§6).
 - **1d** every client on ONE name: open + blocking flock(LOCK_EX) + LOCK_UN + close. Wait is the time blocked in flock, hold the time from its return to LOCK_UN's; "barging grants" is the share of grants that went to a client while one that had asked earlier still waited, judged from client-side timestamps (approximate; 0 % is strict first come, first served).
 - **2** leasecore.OpenFileStore in this process, Reserve + End of the client's own name: the store without FUSE.
-- **3a, 3c** the cycles of 1a and 1c against a minimal in-memory go-fuse filesystem (same mount options, no store): the FUSE ceiling.
+- **3a, 3b, 3c** the cycles of 1a, 1b and 1c against a minimal in-memory go-fuse filesystem (same mount options, no store): the FUSE ceiling.
 - **4r** the durable write behind every store change: 300-byte temp file + fsync + rename + fsync of the directory. **4f** 300-byte pwrite at offset 0 + fdatasync of a preallocated file.
 - **5d, 5s** embedded etcd (one member, WAL fsync on), concurrency.Mutex Lock + Unlock per cycle, one session per client, on the client's own key (5d, compare with 1a) or on one shared key (5s, compare with 1d).
 - **6a, 6e** a private redis-server with appendonly yes and appendfsync always (6a) or everysec (6e): SET key val NX PX 30000 + DEL of the client's own key.
