@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -16,31 +17,51 @@ import (
 // client's own name, read the token, close, unlink (docs/PROTOCOL.md §3).
 func leaseCycle(mp, prefix string) func(clients, i int) (cycle, func(), error) {
 	return func(clients, i int) (cycle, func(), error) {
-		p := filepath.Join(mp, fmt.Sprintf("%s%d-%d", prefix, clients, i))
-		buf := make([]byte, 256)
-		return func() error {
-			fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
-			if err != nil {
-				if errors.Is(err, unix.EEXIST) {
-					_ = unix.Unlink(p)
-				}
-				return fmt.Errorf("open: %w", err)
-			}
-			n, err := unix.Read(fd, buf)
-			_ = unix.Close(fd)
-			if err != nil {
+		return leaseCycleAt(filepath.Join(mp, fmt.Sprintf("%s%d-%d", prefix, clients, i))), nil, nil
+	}
+}
+
+// leaseCycleAt is one lease cycle on the name p: create it exclusively,
+// read the token, close, unlink.
+func leaseCycleAt(p string) cycle {
+	buf := make([]byte, 256)
+	return func() error {
+		fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			if errors.Is(err, unix.EEXIST) {
 				_ = unix.Unlink(p)
-				return fmt.Errorf("read: %w", err)
 			}
-			if n == 0 {
-				_ = unix.Unlink(p)
-				return errors.New("read: empty token")
-			}
-			if err := unix.Unlink(p); err != nil {
-				return fmt.Errorf("unlink: %w", err)
-			}
-			return nil
-		}, nil, nil
+			return fmt.Errorf("open: %w", err)
+		}
+		n, err := unix.Read(fd, buf)
+		_ = unix.Close(fd)
+		if err != nil {
+			_ = unix.Unlink(p)
+			return fmt.Errorf("read: %w", err)
+		}
+		if n == 0 {
+			_ = unix.Unlink(p)
+			return errors.New("read: empty token")
+		}
+		if err := unix.Unlink(p); err != nil {
+			return fmt.Errorf("unlink: %w", err)
+		}
+		return nil
+	}
+}
+
+// namespacedLeaseCycle is row 1e: the lease cycle of 1a, each client in a
+// namespace (directory, docs/PROTOCOL.md §3) of its own, made in setup and
+// removed after the cell. The kernel holds a directory's inode lock across
+// every create and unlink in it, and so across the commit the daemon makes
+// before answering; clients in different directories do not wait for it.
+func namespacedLeaseCycle(mp string) func(clients, i int) (cycle, func(), error) {
+	return func(clients, i int) (cycle, func(), error) {
+		dir := filepath.Join(mp, fmt.Sprintf("ns%d-%d", clients, i))
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("mkdir %s: %w", dir, err)
+		}
+		return leaseCycleAt(filepath.Join(dir, "lease")), func() { _ = os.Remove(dir) }, nil
 	}
 }
 
@@ -212,7 +233,7 @@ func (b *bench) queueRow(id, name, mp string) error {
 // leasefsRows runs rows 1a–1d, 8 and 8g on one daemon mounted in the
 // temporary directory.
 func (b *bench) leasefsRows() error {
-	ids := map[string]string{"1a": nameLease, "1b": nameRenew, "1c": nameHandle, "1d": nameQueue, "8": nameKill, "8g": nameKillGo}
+	ids := map[string]string{"1a": nameLease, "1e": nameLeaseNS, "1b": nameRenew, "1c": nameHandle, "1d": nameQueue, "8": nameKill, "8g": nameKillGo}
 	if !b.wantAny(ids) {
 		return nil
 	}
@@ -228,6 +249,9 @@ func (b *bench) leasefsRows() error {
 	}
 	defer func() { b.prof = profileClient{} }()
 	if err := b.cycleRows(mp, [4]string{"1a", "1b", "1c", "1d"}, [4]string{nameLease, nameRenew, nameHandle, nameQueue}); err != nil {
+		return err
+	}
+	if err := b.cellRow("1e", nameLeaseNS, namespacedLeaseCycle(mp)); err != nil {
 		return err
 	}
 	for _, p := range []string{"block", "mutex"} {
@@ -260,6 +284,7 @@ func (b *bench) cycleRows(mp string, ids, names [4]string) error {
 // Row names, shared by the table and the targets.
 const (
 	nameLease   = "leasefs lease cycle (create+read+close+unlink)"
+	nameLeaseNS = "same as 1a, each client in its own namespace"
 	nameRenew   = "leasefs renew (pwrite token)"
 	nameHandle  = "leasefs handle-lease cycle (open+flock+unlock+close)"
 	nameQueue   = "leasefs one name, N clients queueing (blocking flock)"

@@ -152,6 +152,7 @@ func (b *bench) targets() []target {
 		b.ratio("lease cycle, 16 clients: leasefs (1a) / etcd distinct-key Mutex (5d)", "1a", 16, "5d", 16, 2),
 		b.compare("lease cycle, 16 clients, best reachable: go-fuse in-memory (3a) / etcd (5d)", "3a", 16, "5d", 16),
 		b.ratio("lease cycle, 16 clients: leasefs (1a) / go-fuse in-memory (3a)", "1a", 16, "3a", 16, 0.5),
+		b.compare("lease cycle, 16 clients: a namespace per client (1e) / one directory (1a)", "1e", 16, "1a", 16),
 		b.ratio("renew, 1 client: leasefs (1b) / 300 B pwrite+fdatasync (4f)", "1b", 1, "4f", 1, 0.5),
 		b.reachable("renew, 1 client, best reachable: (3b + 4f) / 300 B pwrite+fdatasync (4f)", "3b", 1, "4f"),
 		b.ratio("handle-lease cycle, 1 client: leasefs (1c) / Redis always (6a)", "1c", 1, "6a", 1, 1.0),
@@ -364,6 +365,7 @@ const rowsDoc = `
 ## What the rows do
 
 - **1a** open(name, O_CREAT|O_EXCL|O_RDWR) + read the token + close + unlink, one name per client, through a real mount of the daemon built from the tree (docs/PROTOCOL.md §3).
+- **1e** the cycle of 1a with each client in a namespace of its own (a directory made before the cell, §3): the kernel holds a directory's inode lock across every create and unlink in it, so across the commit the daemon makes before it answers; the commits of creates and unlinks in one directory cannot share an fdatasync, those in different directories can.
 - **1b** one reserved name per client, the token written with pwrite at offset 0 per cycle: a renew (§4.2).
 - **1c** open(O_CREAT|O_RDWR) of a free name (a reservation) + flock(LOCK_EX|LOCK_NB) (binds it as a handle lease) + flock(LOCK_UN) (ends it) + close (§6).
 - **1d** every client on ONE name: open + blocking flock(LOCK_EX) + LOCK_UN + close. Wait is the time blocked in flock, hold the time from its return to LOCK_UN's; "barging grants" is the share of grants that went to a client while one that had asked earlier still waited, judged from client-side timestamps (approximate; 0 % is strict first come, first served).
