@@ -88,9 +88,10 @@ type subscriber struct {
 	// from is the revision the subscriber started at: events of changes
 	// at or before it happened before it subscribed.
 	from int64
-	// kinds is the set of event kinds it receives (bit 1<<kind), 0 for
-	// every kind.
+	// kinds is the set of event kinds it receives (bit 1<<kind) unless
+	// all is set.
 	kinds   uint32
+	all     bool
 	mu      sync.Mutex
 	pending []Event
 	wake    chan struct{} // buffered 1: pending grew
@@ -106,7 +107,7 @@ type subscriber struct {
 // Publish does not wake it.
 func (f *Feed) Subscribe(ctx context.Context, from int64, kinds ...EventKind) <-chan Event {
 	out := make(chan Event)
-	sub := &subscriber{from: from, kinds: kindSet(kinds), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	sub := &subscriber{from: from, kinds: kindSet(kinds), all: len(kinds) == 0, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -153,14 +154,21 @@ func (f *Feed) Subscribe(ctx context.Context, from int64, kinds ...EventKind) <-
 	return out
 }
 
-// kindSet returns the set of kinds as a bit mask (1<<kind each), 0 when
-// kinds is empty.
+// kindSet returns the set of kinds as a bit mask (1<<kind each); a kind
+// outside 0–31 (no such kind exists) adds nothing.
 func kindSet(kinds []EventKind) uint32 {
 	var set uint32
 	for _, k := range kinds {
-		set |= 1 << uint(k)
+		if k >= 0 && k < 32 {
+			set |= 1 << uint(k)
+		}
 	}
 	return set
+}
+
+// wants reports whether sub receives events of kind k.
+func (sub *subscriber) wants(k EventKind) bool {
+	return sub.all || k >= 0 && k < 32 && sub.kinds&(1<<uint(k)) != 0
 }
 
 func (f *Feed) unsubscribe(sub *subscriber) {
@@ -179,7 +187,7 @@ func (f *Feed) Publish(rev int64, e Event) {
 		return
 	}
 	for sub := range f.subs {
-		if rev != 0 && rev <= sub.from || sub.kinds != 0 && sub.kinds&(1<<uint(e.Kind)) == 0 {
+		if rev != 0 && rev <= sub.from || !sub.wants(e.Kind) {
 			continue
 		}
 		sub.mu.Lock()

@@ -45,3 +45,42 @@ func TestFeedRevisionsAndClose(t *testing.T) {
 		t.Error("Subscribe after Close: the channel is open")
 	}
 }
+
+// A subscriber that names kinds gets only events of those kinds, in
+// order; one that names a kind that does not exist gets nothing, not
+// everything.
+func TestFeedKinds(t *testing.T) {
+	var f Feed
+	ctx := context.Background()
+	ends := f.Subscribe(ctx, 0, EventEnded)
+	two := f.Subscribe(ctx, 0, EventReserved, EventEnded)
+	none := f.Subscribe(ctx, 0, EventKind(99))
+	for i, k := range []EventKind{EventReserved, EventChanged, EventEnded, EventChanged, EventEnded} {
+		f.Publish(0, Event{Kind: k, Lease: Lease{ID: string(rune('a' + i))}})
+	}
+	f.Close()
+	read := func(ch <-chan Event) string {
+		var ids string
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case e, ok := <-ch:
+				if !ok {
+					return ids
+				}
+				ids += e.Lease.ID
+			case <-timeout:
+				t.Fatalf("the feed did not close; got %q", ids)
+			}
+		}
+	}
+	if got := read(ends); got != "ce" {
+		t.Errorf("watch of the ends got %q, want ce", got)
+	}
+	if got := read(two); got != "ace" {
+		t.Errorf("watch of reservations and ends got %q, want ace", got)
+	}
+	if got := read(none); got != "" {
+		t.Errorf("watch of a kind that does not exist got %q, want nothing", got)
+	}
+}
