@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -681,19 +682,47 @@ func (s *FileStore) checkSpace() error {
 
 // overwrite replaces the content of the existing file at path with data
 // (open without O_TRUNC, pwrite, ftruncate: the file keeps its blocks).
+// Errors: open(2)'s, pwrite(2)'s (io.ErrShortWrite for a short one),
+// ftruncate(2)'s or close(2)'s, as an *os.PathError.
 func overwrite(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	fd, err := openRaw(path, unix.O_WRONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
 	}
-	_, err = f.WriteAt(data, 0)
+	err = pwriteAll(fd, data)
 	if err == nil {
-		err = f.Truncate(int64(len(data)))
+		err = retryEINTR(func() error { return unix.Ftruncate(fd, int64(len(data))) })
 	}
-	if cerr := f.Close(); err == nil {
+	if err != nil {
+		err = &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	if cerr := closeRaw(path, fd); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// pwriteAll writes data at offset 0 of fd, retrying on EINTR. Errors:
+// pwrite(2)'s; io.ErrShortWrite when it writes less without an error.
+func pwriteAll(fd int, data []byte) error {
+	var n int
+	err := retryEINTR(func() (err error) {
+		n, err = unix.Pwrite(fd, data, 0)
+		return err
+	})
+	if err == nil && n < len(data) {
+		err = io.ErrShortWrite
+	}
+	return err
+}
+
+// retryEINTR calls f until it fails with something other than EINTR.
+func retryEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // removeRecords deletes the records of pruned leases and journals their
