@@ -41,8 +41,8 @@ type Options struct {
 //
 // Its state is split by concern, each part with its own lock: tokens (the
 // token vault), sizes (status document lengths), dirInos (namespace inode
-// numbers), posix (fcntl lock owners), requests (node ids of lock requests
-// in flight), unlinked (leases being ended by an unlink), lookups (the
+// numbers), posix (fcntl lock owners), flushes (lock owners of the FLUSH
+// requests in flight), unlinked (leases being ended by an unlink), lookups (the
 // lease each thread last looked up). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
@@ -59,7 +59,7 @@ type FS struct {
 	sizes    docSizes
 	dirInos  dirInodes
 	posix    posixOwners
-	requests lockRequests
+	flushes  flushOwners
 	unlinked unlinkedLeases
 	lookups  threadLookups
 

@@ -192,9 +192,18 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	return uint32(len(data)), 0
 }
 
-// Flush does nothing: FLUSH comes for every close() of every descriptor and
-// never ends a lease (docs/ARCHITECTURE.md, kernel facts, docs/PROTOCOL.md §6).
-func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// Flush ends the fcntl handle lease that the flushing lock owner holds on
+// this name, whichever descriptor of the name it closed (POSIX.1 fcntl:
+// closing any descriptor of a file releases the process's locks on it).
+// FLUSH comes for every close() of every descriptor; it ends no other lease,
+// flock handle leases included (docs/ARCHITECTURE.md, kernel facts,
+// docs/PROTOCOL.md §6).
+func (h *leaseHandle) Flush(ctx context.Context) syscall.Errno {
+	if owner, ok := h.fsys.flushes.owner(ctx); ok {
+		h.fsys.posixClose(posixKey{resource: h.resource, owner: owner})
+	}
+	return 0
+}
 
 // Fsync does nothing: every change is durable before its write returns.
 func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }

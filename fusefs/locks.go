@@ -32,10 +32,8 @@ func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock
 	if err != nil {
 		return 0
 	}
-	if node, ok := h.fsys.requests.node(ctx); ok {
-		if id, held := h.fsys.posix.get(posixKey{node, owner}); held && id == l.ID {
-			return 0
-		}
+	if id, held := h.fsys.posix.get(posixKey{h.resource, owner}); held && id == l.ID {
+		return 0
 	}
 	*out = fuse.FileLock{Start: 0, End: offsetMax, Typ: syscall.F_WRLCK, Pid: uint32(max(l.HolderPID, 0))}
 	return 0
@@ -115,11 +113,7 @@ func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileL
 		if lk.Start != 0 || lk.End != offsetMax {
 			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "byte-range locks are not supported: lock the whole file")
 		}
-		node, ok := h.fsys.requests.node(ctx)
-		if !ok {
-			return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "lock owner unknown")
-		}
-		req.key = posixKey{node: node, owner: owner}
+		req.key = posixKey{resource: h.resource, owner: owner}
 	}
 	switch lk.Typ {
 	case syscall.F_RDLCK:

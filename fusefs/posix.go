@@ -8,10 +8,14 @@ import (
 )
 
 // posixKey identifies an fcntl lock owner (a process's file table) on one
-// FUSE node.
+// name. POSIX locks belong to a process and a file, and the file is the
+// name, not the FUSE node: an owner whose blocked lock was granted holds a
+// new lease through the node of the one it waited for, while a later open
+// of the name finds the new lease's node, and closing either descriptor
+// releases its lock (POSIX.1 fcntl).
 type posixKey struct {
-	node  uint64
-	owner uint64
+	resource string
+	owner    uint64
 }
 
 // posixOwners maps each fcntl lock owner that holds a handle lease to that
@@ -52,13 +56,13 @@ func (p *posixOwners) take(key posixKey, id string) (string, bool) {
 	return held, true
 }
 
-// lockRequests maps the lock requests in flight to their FUSE node ids,
-// which go-fuse's fs API does not pass to the lock methods; see rawFS.
+// flushOwners maps the FLUSH requests in flight to their lock owners,
+// which go-fuse's fs API does not pass to [leaseHandle.Flush]; see rawFS.
 // Safe for concurrent use.
-type lockRequests struct{ m sync.Map } // <-chan struct{} (cancel) → uint64
+type flushOwners struct{ m sync.Map } // <-chan struct{} (cancel) → uint64
 
-// node returns the FUSE node id of the lock request in ctx.
-func (r *lockRequests) node(ctx context.Context) (uint64, bool) {
+// owner returns the lock owner of the FLUSH request in ctx.
+func (r *flushOwners) owner(ctx context.Context) (uint64, bool) {
 	fc, ok := ctx.(*fuse.Context)
 	if !ok {
 		return 0, false
@@ -70,9 +74,9 @@ func (r *lockRequests) node(ctx context.Context) (uint64, bool) {
 	return v.(uint64), true
 }
 
-// during records nodeID for request cancel while call runs.
-func (r *lockRequests) during(cancel <-chan struct{}, nodeID uint64, call func() fuse.Status) fuse.Status {
-	r.m.Store(cancel, nodeID)
+// during records owner for request cancel while call runs.
+func (r *flushOwners) during(cancel <-chan struct{}, owner uint64, call func() fuse.Status) fuse.Status {
+	r.m.Store(cancel, owner)
 	defer r.m.Delete(cancel)
 	return call()
 }

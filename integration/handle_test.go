@@ -664,6 +664,58 @@ out("locked", "ok")
 	}
 }
 
+// TestPosixLockGrantedAfterWaitEndsOnAnyClose: a process opens a held name, waits in
+// lockf(F_SETLKW) and is granted the new lease, which its descriptor reaches through the
+// inode of the lease it waited for, while a later open of the name finds the new lease's
+// inode. POSIX locks belong to the process and the file, and the file is the name: closing
+// that later descriptor releases the lock and ends the lease (POSIX.1 fcntl,
+// docs/PROTOCOL.md §6).
+func TestPosixLockGrantedAfterWaitEndsOnAnyClose(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := filepath.Join(d.mountpoint, "posix-wait")
+	holder := startPy(t, pyPosixHolder, "P="+p)
+	holder.expectKey("held", holdTimeout)
+	st, _ := statusDoc(t, p)
+	waiter := startPy(t, `
+import fcntl, signal
+signal.alarm(20)  # a lost wake-up fails instead of hanging
+p = os.environ["P"]
+fd = os.open(p, os.O_RDWR)  # the holder's lease: its inode
+out("ino", os.fstat(fd).st_ino)
+fcntl.lockf(fd, fcntl.LOCK_EX)  # waits for the holder
+out("locked", os.getpid())
+sys.stdin.readline()
+fd2 = os.open(p, os.O_RDONLY)
+out("ino2", os.fstat(fd2).st_ino)
+os.close(fd2)
+out("stat_after_close", err(os.stat, p))
+out("read_after_close", err(os.pread, fd, 4096, 0))
+sys.stdin.read()
+`, "P="+p)
+	waiter.expectKey("ino", holdTimeout)
+	holder.killGroup()
+	holder.wait(10 * time.Second)
+	pid := waiter.expectKey("locked", holdTimeout)
+	st2, _ := statusDoc(t, p)
+	wantHandle(t, st2, "posix-wait")
+	if st2["holder_pid"] != pid || st2["lease_id"] == st["lease_id"] {
+		t.Fatalf("after the wait: lease %v, want a new lease held by the waiter %s", st2, pid)
+	}
+	waiter.send("")
+	if ino, ino2 := waiter.expectKey("ino", holdTimeout), waiter.expectKey("ino2", holdTimeout); ino == ino2 {
+		t.Fatalf("the second descriptor shows the inode %s of the first: the case under test did not arise", ino)
+	}
+	if got := waiter.expectKey("stat_after_close", holdTimeout); got != "ENOENT" {
+		t.Errorf("stat after the waiter closed a later descriptor of the name = %s, want ENOENT (lock and lease released)", got)
+	}
+	if got := waiter.expectKey("read_after_close", holdTimeout); got != "ESTALE" {
+		t.Errorf("read of the locking descriptor after the release = %s, want ESTALE", got)
+	}
+	wantHistory(t, d.state, "posix-wait", st["lease_id"], "complete")
+	wantHistory(t, d.state, "posix-wait", st2["lease_id"], "complete")
+}
+
 // TestPosixLockOnTokenLease binds a token lease, reserved by a shell, with lockf from another
 // process that presents the token: the lease becomes a handle lease, and F_GETLK from a third
 // process reports the locking process (docs/PROTOCOL.md §6: "fcntl(F_GETLK) reports the holder's pid").
