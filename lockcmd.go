@@ -32,6 +32,11 @@ const (
 	// exitLost: the lease was lost while the command ran (the daemon stopped
 	// or lost its store); the command was sent SIGTERM, then SIGKILL.
 	exitLost = 4
+	// exitCannotRun and exitNotFound: the command was found but could not
+	// be run, or was not found; the shell's and timeout(1)'s 126 and 127,
+	// so that neither reads as a conflict.
+	exitCannotRun = 126
+	exitNotFound  = 127
 )
 
 // lockCheckEvery is how often "leasefs lock" checks, through its locked
@@ -68,7 +73,8 @@ environment, and does not inherit the locked descriptor.
 
 Without -n or -w, lock waits first come first served until NAME is free.
 It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
-conflict (-n) or timeout (-w; -w 0 does not wait); 4 when the lease was lost
+conflict (-n) or timeout (-w; -w 0 does not wait); 127 when CMD is not
+found and 126 when it cannot be run (as a shell); 4 when the lease was lost
 while CMD ran (the daemon stopped or lost its store): CMD then gets SIGTERM,
 and SIGKILL after --grace. Signals sent to lock are passed on to CMD; one
 that arrives while lock waits ends the wait (128+N). If lock is killed, CMD
@@ -203,7 +209,12 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	// ends: the command must not run on without it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return 0, err
+		// The lease ends with the descriptor, closed on return.
+		fmt.Fprintf(stderr, "leasefs: cannot run %s: %v\n", argv[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return exitNotFound, nil
+		}
+		return exitCannotRun, nil
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()

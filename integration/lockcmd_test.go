@@ -56,6 +56,21 @@ exit 7`
 	if _, err := os.Stat(p); !os.IsNotExist(err) {
 		t.Errorf("name still held after the command ended: %v", err)
 	}
+	// A command that cannot be run: 127 when it is not found, 126 when it is not
+	// executable, as a shell reports them, and the name is free at once.
+	noexec := filepath.Join(t.TempDir(), "noexec")
+	if err := os.WriteFile(noexec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for cmd, want := range map[string]int{"/nonexistent/cmd": 127, "no-such-command-here": 127, noexec: 126} {
+		r := lockCmd(t, nil, "--mount", d.mountpoint, "job", "--", cmd)
+		if r.code != want || !strings.Contains(r.stderr, "cannot run") {
+			t.Errorf("lock of %s: %s\nwant exit %d and a message", cmd, r, want)
+		}
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("name still held after lock of %s failed to run it: %v", cmd, err)
+		}
+	}
 	// A command killed by a signal: 128 + N, as a shell reports it.
 	if r := lockCmd(t, nil, "--mount", d.mountpoint, "job", "--", "bash", "-c", "kill -9 $$"); r.code != 128+9 {
 		t.Errorf("lock of a command killed by SIGKILL exit = %d, want 137", r.code)
