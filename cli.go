@@ -79,9 +79,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitError
 }
 
-// internalPrefixes are the package prefixes of the errors of leasefs's own
-// packages ("leasecore: open store: …"): they mean nothing to a user.
-var internalPrefixes = strings.NewReplacer("leasecore: ", "", "mount: ", "", "fusefs: ", "", "daemonlock: ", "")
+// internalPrefixes strips the package prefixes of the errors of leasefs's
+// own packages ("leasecore: open store: …"), which mean nothing to a user,
+// where they start the message or one of its wrapped parts (after ": "):
+// words such as "leasefs mount: " inside a message are kept.
+var internalPrefixes prefixStripper
+
+type prefixStripper struct{}
+
+// Replace returns msg without the package prefixes.
+func (prefixStripper) Replace(msg string) string {
+	for _, p := range []string{"leasecore: ", "mount: ", "fusefs: ", "daemonlock: "} {
+		msg = strings.ReplaceAll(msg, ": "+p, ": ")
+		for strings.HasPrefix(msg, p) {
+			msg = msg[len(p):]
+		}
+	}
+	return msg
+}
 
 // message renders err for the user: a [userError] or a daemon lock held by
 // another daemon in words of its own, any other error without the package

@@ -237,6 +237,42 @@ func TestSecondDaemonRefused(t *testing.T) {
 	}
 }
 
+// TestMountOnAnotherStatesMount mounts a new state directory on a mountpoint that a live
+// daemon of another state directory serves: refused at once with exit 1 and a message that
+// names the mountpoint, before the new state directory is created; the first mount serves on.
+func TestMountOnAnotherStatesMount(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	state := filepath.Join(t.TempDir(), "other")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	argv := withStore([]string{leasefsBin, "mount", "--state", state, d.mountpoint})
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 5 * time.Second
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	_ = cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("mount on a served mountpoint still running after 10s; stderr:\n%s", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("mount on a served mountpoint: exit code %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	want := "leasefs: mountpoint already has a leasefs mount: " + d.mountpoint +
+		" is served by a live daemon of another state directory; unmount it first"
+	if !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr:\n%s\nwant the line %q", stderr.String(), want)
+	}
+	if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused mount created its state directory %s: stat = %v", state, err)
+	}
+	if n := mountCount(t, d.mountpoint); n != 1 {
+		t.Errorf("%d mounts on %s after the refusal, want the first daemon's alone", n, d.mountpoint)
+	}
+	mustSh(t, `set -C; : > "$P"`, "P="+filepath.Join(d.mountpoint, "still-served"))
+}
+
 // TestInotify watches the mount root with inotifywait and checks that a reserve, a renew and a
 // release through the mount raise CREATE, MODIFY and DELETE.
 func TestInotify(t *testing.T) {

@@ -254,6 +254,13 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	// A live leasefs mount on mp is refused before anything is created when
+	// the state directory does not exist yet: it cannot be this one's.
+	if _, err := os.Stat(state); errors.Is(err, fs.ErrNotExist) {
+		if err := refuseLiveMount(mp); err != nil {
+			return err
+		}
+	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return fmt.Errorf("mount: cannot create the state directory: %w", err)
 	}
@@ -275,8 +282,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err := cleanStale(mp, log); err != nil {
 		return err
 	}
-	if m, ok := mountedAt(Mounts(), mp); ok && m.FSType == fsType {
-		return fmt.Errorf("%w: %s (a live leasefs mount of another state directory; unmount it first)", ErrMounted, mp)
+	if err := refuseLiveMount(mp); err != nil {
+		return err
 	}
 	if err := checkMountpoint(mp); err != nil {
 		return err
@@ -559,6 +566,21 @@ func cleanStale(mp string, log *slog.Logger) error {
 	}
 	log.Warn("detaching stale mount left by a dead daemon", "mountpoint", mp)
 	return detach(mp, os.Geteuid() == 0)
+}
+
+// refuseLiveMount fails with [ErrMounted] when a leasefs mount whose daemon
+// answers is on mp (a stale one, whose daemon died, answers ENOTCONN and is
+// cleanStale's). The caller holds the daemon lock of its state directory or
+// has none yet, so the mount is another state directory's.
+func refuseLiveMount(mp string) error {
+	m, ok := mountedAt(Mounts(), mp)
+	if !ok || m.FSType != fsType {
+		return nil
+	}
+	if _, err := os.Stat(mp); errors.Is(err, unix.ENOTCONN) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is served by a live daemon of another state directory; unmount it first", ErrMounted, mp)
 }
 
 // nested reports whether a and b are the same directory or one contains the
