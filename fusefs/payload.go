@@ -67,6 +67,30 @@ func checkCommandShape(text string) error {
 	return nil
 }
 
+// mentionsToken reports whether msg, an error message about payload,
+// repeats six or more consecutive characters of a word of payload that
+// could be a token or part of one: a word with the token prefix, or one of
+// 16 or more letters and digits with a letter in it (a token's random
+// part). The plaintext token is never logged (docs/PROTOCOL.md §4.3).
+func mentionsToken(msg, payload string) bool {
+	isWord := func(r rune) bool {
+		return r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+	}
+	for _, word := range strings.FieldsFunc(payload, func(r rune) bool { return !isWord(r) }) {
+		secret := strings.Contains(word, leasecore.TokenPrefix) ||
+			len(word) >= 16 && strings.ContainsFunc(word, func(r rune) bool { return r < '0' || r > '9' })
+		if !secret {
+			continue
+		}
+		for k := 0; k+6 <= len(word); k++ {
+			if strings.Contains(msg, word[k:k+6]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // parsePayload parses one write() payload: a bare token line (renew), the
 // bare word "takeover", or a TOML command document (docs/PROTOCOL.md §4.2). A trailing
 // newline is optional. Errors wrap errBadPayload (EINVAL); the payload size
@@ -90,6 +114,11 @@ func parsePayload(p []byte) (command, error) {
 	}
 	doc := make(map[string]any)
 	if _, err := toml.Decode(text, &doc); err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) && !mentionsToken(pe.Message, text) {
+			return command{}, fmt.Errorf("%w: neither a token nor a TOML command (line %d: %.80q)",
+				errBadPayload, pe.Position.Line, pe.Message)
+		}
 		return command{}, fmt.Errorf("%w: neither a token nor a TOML command", errBadPayload)
 	}
 	cmd := command{action: actionRenew}

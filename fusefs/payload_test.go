@@ -106,12 +106,12 @@ func TestParsePayloadErrors(t *testing.T) {
 		{"pid negative", "token = \"hwl_x\"\npid = -1\n", "pid"},
 		{"pid huge", "token = \"hwl_x\"\npid = 4194305\n", "pid"},
 		{"pid int64 max", "token = \"hwl_x\"\npid = 9223372036854775807\n", "pid"},
-		{"pid overflow", "token = \"hwl_x\"\npid = 99999999999999999999\n", ""},
+		{"pid overflow", "token = \"hwl_x\"\npid = 99999999999999999999\n", "out of range"},
 		{"pid string", "token = \"hwl_x\"\npid = \"42\"\n", ""},
 		{"pid float", "token = \"hwl_x\"\npid = 4.2\n", ""},
 		{"token not a string", "token = 5\n", ""},
 		{"action not a string", "token = \"hwl_x\"\naction = true\n", ""},
-		{"duplicate key", "token = \"hwl_x\"\ntoken = \"hwl_y\"\n", ""},
+		{"duplicate key", "token = \"hwl_x\"\ntoken = \"hwl_y\"\n", "line 2: \"Key 'token' has already been defined.\""},
 		{"bare TOML key", "token\n", ""},
 		{"NUL byte", "\x00", ""},
 	}
@@ -141,13 +141,23 @@ func TestParsePayloadErrorHidesToken(t *testing.T) {
 		"token = \"" + testToken + "\"\ncolour = 1\n",
 		"token = \"" + testToken + "\"\npid = -4\n",
 		testToken + " trailing",
+		// TOML syntax errors, whose messages may quote the input.
+		"token = " + testToken + "\n",
+		"token = \"" + testToken + "\" " + testToken + "\n",
+		"token = \"" + testToken + "\"\ntoken = \"" + testToken + "\"\n",
+		"token = '" + testToken + "\n",
+		"pid = " + testToken[4:] + "\n",
 	} {
 		_, err := parsePayload([]byte(p))
 		if err == nil {
 			t.Fatalf("parsePayload(%q) succeeded", p)
 		}
-		if strings.Contains(err.Error(), testToken) {
-			t.Errorf("error for %q reveals the token: %v", p, err)
+		// Not even a part of it: any 8 characters of its random part.
+		for k := len(leasecore.TokenPrefix); k+8 <= len(testToken); k++ {
+			if strings.Contains(err.Error(), testToken[k:k+8]) {
+				t.Errorf("error for %q reveals (part of) the token: %v", p, err)
+				break
+			}
 		}
 	}
 }
