@@ -2,6 +2,7 @@ package leasecore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 )
@@ -20,21 +21,7 @@ func TestFeedRevisionsAndClose(t *testing.T) {
 	f.Publish(11, ev("r11"))
 	f.Close()
 	f.Publish(12, ev("after close"))
-	read := func(ch <-chan Event) []string {
-		var ids []string
-		timeout := time.After(10 * time.Second)
-		for {
-			select {
-			case e, ok := <-ch:
-				if !ok {
-					return ids
-				}
-				ids = append(ids, e.Lease.ID)
-			case <-timeout:
-				t.Fatalf("the feed did not close; got %q", ids)
-			}
-		}
-	}
+	read := func(ch <-chan Event) []string { return drainFeed(t, ch) }
 	if got := read(early); len(got) != 3 || got[0] != "r5" || got[1] != "local" || got[2] != "r11" {
 		t.Errorf("subscriber from 0 got %q, want r5 local r11", got)
 	}
@@ -59,21 +46,7 @@ func TestFeedKinds(t *testing.T) {
 		f.Publish(0, Event{Kind: k, Lease: Lease{ID: string(rune('a' + i))}})
 	}
 	f.Close()
-	read := func(ch <-chan Event) string {
-		var ids string
-		timeout := time.After(10 * time.Second)
-		for {
-			select {
-			case e, ok := <-ch:
-				if !ok {
-					return ids
-				}
-				ids += e.Lease.ID
-			case <-timeout:
-				t.Fatalf("the feed did not close; got %q", ids)
-			}
-		}
-	}
+	read := func(ch <-chan Event) string { return strings.Join(drainFeed(t, ch), "") }
 	if got := read(ends); got != "ce" {
 		t.Errorf("watch of the ends got %q, want ce", got)
 	}
@@ -82,5 +55,24 @@ func TestFeedKinds(t *testing.T) {
 	}
 	if got := read(none); got != "" {
 		t.Errorf("watch of a kind that does not exist got %q, want nothing", got)
+	}
+}
+
+// drainFeed returns the lease ids of the events on ch until it is closed,
+// failing the test if it is not closed within 10 s.
+func drainFeed(t *testing.T, ch <-chan Event) []string {
+	t.Helper()
+	var ids []string
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				return ids
+			}
+			ids = append(ids, e.Lease.ID)
+		case <-timeout:
+			t.Fatalf("the feed did not close; got %q", ids)
+		}
 	}
 }

@@ -126,6 +126,13 @@ func testGenerations(t *testing.T, open Factory) {
 	}
 }
 
+// wantEvent is an event a test expects on a change feed.
+type wantEvent struct {
+	kind   leasecore.EventKind
+	change leasecore.Change
+	id     string
+}
+
 func testEvents(t *testing.T, open Factory) {
 	e := newEnv(t, open, 0)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -159,11 +166,7 @@ func testEvents(t *testing.T, open Factory) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(leaseDuration + time.Second) // c expires; the store ends it by itself
-	want := []struct {
-		kind   leasecore.EventKind
-		change leasecore.Change
-		id     string
-	}{
+	want := []wantEvent{
 		{leasecore.EventChanged, leasecore.ChangeRenewed, b.Lease.ID},
 		{leasecore.EventChanged, leasecore.ChangeTakeoverRequested, b.Lease.ID},
 		{leasecore.EventChanged, leasecore.ChangeBound, a.Lease.ID},
@@ -171,28 +174,23 @@ func testEvents(t *testing.T, open Factory) {
 		{leasecore.EventEnded, leasecore.ChangeReleased, b.Lease.ID},
 		{leasecore.EventEnded, leasecore.ChangeExpired, c.Lease.ID},
 	}
-	for _, w := range want {
-		select {
-		case ev := <-feed:
-			if ev.Kind != w.kind || ev.Change != w.change || ev.Lease.ID != w.id {
-				t.Fatalf("event %v (change %d) %s, want %v (change %d) %s", ev.Kind, ev.Change, ev.Lease.ID, w.kind, w.change, w.id)
+	expect := func(what string, ch <-chan leasecore.Event, want []wantEvent) {
+		t.Helper()
+		for _, w := range want {
+			select {
+			case ev := <-ch:
+				if ev.Kind != w.kind || ev.Change != w.change || ev.Lease.ID != w.id {
+					t.Fatalf("%s: event %v (change %d) %s, want %v (change %d) %s", what, ev.Kind, ev.Change, ev.Lease.ID, w.kind, w.change, w.id)
+				}
+			case <-time.After(guard):
+				t.Fatalf("%s: no %v event for %s", what, w.kind, w.id)
 			}
-		case <-time.After(guard):
-			t.Fatalf("no %v event for %s", w.kind, w.id)
 		}
 	}
+	expect("watch of every kind", feed, want)
 	// A watch of the ends alone gets the same ends in the same order, and
 	// nothing of the reservations and changes before them.
-	for _, w := range want[3:] {
-		select {
-		case ev := <-ends:
-			if ev.Kind != w.kind || ev.Change != w.change || ev.Lease.ID != w.id {
-				t.Fatalf("watch of the ends: event %v (change %d) %s, want %v (change %d) %s", ev.Kind, ev.Change, ev.Lease.ID, w.kind, w.change, w.id)
-			}
-		case <-time.After(guard):
-			t.Fatalf("watch of the ends: no %v event for %s", w.kind, w.id)
-		}
-	}
+	expect("watch of the ends", ends, want[3:])
 	cancel()
 	for range feed { // closed once ctx is done
 	}
