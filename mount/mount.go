@@ -341,7 +341,12 @@ func Run(ctx context.Context, opts Options) error {
 		// listing asks again. Plain READDIR lists 100,000 names in a
 		// fraction of the time (docs/ARCHITECTURE.md, scaling).
 		DisableReadDirPlus: true,
-		Debug:              opts.Debug,
+		// Every read is answered from memory (a token, a status
+		// document). With splicing on, go-fuse first writes the reply's
+		// header into a pipe, finds no file to splice from, and drains
+		// the pipe again: three wasted system calls per READ.
+		DisableSplice: true,
+		Debug:         opts.Debug,
 	}
 	server, err := fuse.NewServer(lfs.RawFileSystem(), mp, &mo)
 	if err != nil {
