@@ -49,13 +49,53 @@ type backgroundCheckpoint struct {
 // jnl returns the active journal, nil for a read-only store.
 func (s *FileStore) jnl() *journal { return s.jr.Load() }
 
-// await returns once every appended change is durable (persister).
+// await returns once every appended change is durable (persister). After
+// a failed commit every later await fails too, reads included, until a
+// full checkpoint has made the store's state durable again: a change runs
+// one first (journalReady), and so does await itself, at most once per
+// recheckpointEvery, so that a store whose disk has recovered serves its
+// readers and renewers again without waiting for some other change.
 func (s *FileStore) await() (bool, error) {
 	j := s.jnl()
 	if j == nil {
 		return false, nil
 	}
-	return j.await(j.pending())
+	seq := j.pending()
+	waited, err := j.await(seq)
+	if err != nil && s.recheckpoint() {
+		return s.jnl().await(seq)
+	}
+	return waited, err
+}
+
+// recheckpointEvery bounds how often await retries the full checkpoint of
+// a broken journal: 1 s, so that readers on a failing disk get their error
+// at once instead of each waiting for a checkpoint that fails.
+const recheckpointEvery = time.Second
+
+// recheckpoint runs the full checkpoint that a failed commit calls for,
+// unless one ran within recheckpointEvery, and reports whether the journal
+// is whole again. It takes mu; the caller holds no lock (await's callers
+// do not hold mu: it is the persister method called without it).
+func (s *FileStore) recheckpoint() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.jnl().broken() == nil {
+		return true // another caller's checkpoint made it whole
+	}
+	now := s.opts.Clock.Now()
+	if now.Before(s.nextRecheckpoint) {
+		return false
+	}
+	s.nextRecheckpoint = now.Add(recheckpointEvery)
+	if err := s.fullCheckpoint(); err != nil {
+		return false
+	}
+	s.opts.Logger.Info("journal whole again: the records hold every change", "path", s.dir)
+	return true
 }
 
 // journalReady is called before a change is appended. After a failed commit

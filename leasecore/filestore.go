@@ -81,6 +81,9 @@ type FileStore struct {
 	// ckpt is the background checkpoint of prev's epoch, nil once it has
 	// succeeded and been accounted. Guarded by mu.
 	ckpt *backgroundCheckpoint
+	// nextRecheckpoint is when await may next retry the full checkpoint
+	// of a broken journal (recheckpoint). Guarded by mu.
+	nextRecheckpoint time.Time
 	// syncFS syncs the filesystem of the open file fd (unix.Syncfs), nil
 	// where syncfs does not report writeback errors (checkpoint.go). Set
 	// when the store opens.
@@ -733,8 +736,12 @@ func (s *FileStore) removeRecords(ids []string) error {
 	if err := s.journalReady(); err != nil {
 		return err
 	}
-	if _, err := s.await(); err != nil {
-		return err
+	// Not s.await, which may take mu to retry a checkpoint: journalReady
+	// has just run any checkpoint a failed commit called for.
+	if j := s.jnl(); j != nil {
+		if _, err := j.await(j.pending()); err != nil {
+			return err
+		}
 	}
 	s.recMu.Lock()
 	defer s.recMu.Unlock()

@@ -253,6 +253,51 @@ func TestJournalCommitFailure(t *testing.T) {
 	}
 }
 
+// After a failed commit, reads fail (nothing a crash could undo may be
+// shown) until a full checkpoint succeeds; once the disk is back, a read
+// runs that checkpoint itself (at most once a second), so a store that only
+// serves reads and renewals recovers without waiting for a reservation.
+func TestJournalReadsRecoverAfterFailedCommit(t *testing.T) {
+	t.Parallel()
+	s, clock, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	g := reserve(t, s, "a")
+	j := s.jnl()
+	good, goodPrev := j.f, s.prev.f
+	bad, err := os.Open(os.DevNull) // read-only: writes fail with EBADF
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	s.mu.Lock()
+	j.f, s.prev.f = bad, bad
+	s.mu.Unlock()
+	if _, err := s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000}); !errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Reserve with a failing journal: %v, want ErrOutcomeUnknown", err)
+	}
+	var pe *PersistError
+	if _, err := s.Live(ctx, "a"); !errors.As(err, &pe) {
+		t.Fatalf("Live(a) while the journal cannot be checkpointed: %v, want a *PersistError", err)
+	}
+	s.mu.Lock()
+	j.f, s.prev.f = good, goodPrev
+	s.mu.Unlock()
+	// Within a second of the failed retry, reads still fail at once.
+	if _, err := s.Live(ctx, "a"); !errors.As(err, &pe) {
+		t.Fatalf("Live(a) within the retry interval: %v, want a *PersistError", err)
+	}
+	clock.Advance(recheckpointEvery)
+	if l, err := s.Live(ctx, "a"); err != nil || l.ID != g.Lease.ID {
+		t.Fatalf("Live(a) after the disk recovered: %+v, %v; want lease %s", l, err, g.Lease.ID)
+	}
+	if _, err := s.Renew(ctx, g.Lease.ID, g.Token, nil); err != nil {
+		t.Fatalf("Renew after the disk recovered: %v", err)
+	}
+	if s.jnl().broken() != nil {
+		t.Errorf("the journal is still broken after a successful read: %v", s.jnl().broken())
+	}
+}
+
 // Across many rotations of the journal files, with background checkpoints,
 // a crash loses nothing acknowledged: the records not yet synced by a
 // finished checkpoint are lost from the crash image, and the journals
