@@ -256,9 +256,18 @@ func (s *FileStore) openFiles() error {
 		flags = os.O_RDONLY
 	}
 	var err error
-	s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_CLOEXEC, 0o600)
+	// O_NONBLOCK: a FIFO in the lock's place must not block the open
+	// (flock(2) blocks or not by LOCK_NB alone); it is refused below.
+	s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
 	if err != nil && !(s.opts.ReadOnly && errors.Is(err, fs.ErrNotExist)) {
 		return fmt.Errorf("leasecore: open store lock: %w", err)
+	}
+	if s.lockFile != nil {
+		if st, err := s.lockFile.Stat(); err != nil || !st.Mode().IsRegular() {
+			s.lockFile.Close()
+			s.lockFile = nil
+			return fmt.Errorf("leasecore: open store lock: %s is not a regular file", filepath.Join(s.dir, storeLockName))
+		}
 	}
 	// A read-only store without a lock file reads a directory that no
 	// writer has used: there is nothing to serialise against.
@@ -276,7 +285,7 @@ func (s *FileStore) openFiles() error {
 // store.
 func (s *FileStore) settleDuration(adopt bool) error {
 	path := filepath.Join(s.state, durationName)
-	data, err := os.ReadFile(path)
+	data, err := readStateFile(path)
 	recorded, perr := time.ParseDuration(strings.TrimSpace(string(data)))
 	switch {
 	case adopt:
@@ -422,7 +431,9 @@ func (s *FileStore) load() error {
 	if err != nil {
 		return err
 	}
-	if data, err := os.ReadFile(filepath.Join(s.state, generationName)); err == nil {
+	if data, err := readStateFile(filepath.Join(s.state, generationName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.opts.Logger.Warn("ignoring unreadable generation file", "path", filepath.Join(s.state, generationName), "err", err)
+	} else if err == nil {
 		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
 		if err != nil || n > MaxGeneration {
 			s.opts.Logger.Warn("ignoring corrupt generation file", "path", filepath.Join(s.state, generationName))
@@ -681,6 +692,33 @@ func (s *FileStore) checkSpace() error {
 		return unix.ENOSPC
 	}
 	return nil
+}
+
+// maxStateFile bounds what readStateFile reads: 64 MiB, far beyond the
+// namespaces file of the largest store.
+const maxStateFile = 64 << 20
+
+// errNotRegular is the error of reading a state file that is not a
+// regular file (a FIFO, a device, a directory).
+var errNotRegular = errors.New("not a regular file")
+
+// readStateFile reads the small state file at path (the namespaces,
+// generation, lease-duration and waiters files), at most maxStateFile
+// bytes. It never blocks on a FIFO put in its place and refuses anything
+// but a regular file. Errors: open(2)'s (fs.ErrNotExist for a missing
+// file), an *fs.PathError of errNotRegular, read(2)'s.
+func readStateFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, &fs.PathError{Op: "read", Path: path, Err: errNotRegular}
+	}
+	return io.ReadAll(io.LimitReader(f, maxStateFile))
 }
 
 // overwrite replaces the content of the existing file at path with data

@@ -435,6 +435,54 @@ func TestJournalHostileFiles(t *testing.T) {
 	}
 }
 
+// A FIFO in the place of a small state file (namespaces, generation, lease
+// duration, waiters, the store lock) blocks neither a read-only store
+// ("leasefs ls") nor a writable one: each opens at once, reading past the
+// file or refusing it, and a lease recorded before is still there (or the
+// open fails with an error).
+func TestStateFilesFIFO(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{namespacesName, generationName, durationName, waitersName, filepath.Join("writer-leases", storeLockName)} {
+		t.Run(strings.ReplaceAll(name, "/", "_"), func(t *testing.T) {
+			t.Parallel()
+			s, clock, state := newTestStore(t, Options{})
+			g := reserve(t, s, "x")
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(state, name)
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Fatal(err)
+			}
+			if err := unix.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, opts := range []Options{
+				{Clock: clock, Logger: quietLogger, Host: "testhost", ReadOnly: true, NoDaemon: true},
+				{Clock: clock, Logger: quietLogger, Host: "testhost"},
+			} {
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					st, err := OpenFileStore(state, opts)
+					if err != nil {
+						return // refused: fine, as long as it does not hang
+					}
+					defer st.Close()
+					if l, err := st.Live(context.Background(), "x"); err != nil || l.ID != g.Lease.ID {
+						t.Errorf("read-only %v, %s a FIFO: Live(x) = %+v, %v", opts.ReadOnly, name, l, err)
+					}
+				}()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("read-only %v: opening a store whose %s is a FIFO hangs", opts.ReadOnly, name)
+				}
+			}
+		})
+	}
+}
+
 // Clean restarts never report a torn tail: each start and stop begins new
 // epochs in the reused journal files, over the bytes of older ones, and
 // however old those are, the end mark after the last entry tells them

@@ -66,8 +66,12 @@ func removeFile(path string) error {
 // loadNamespaces reads the namespaces file; a missing file means none.
 // Entries whose path is invalid or whose parent is missing are skipped.
 func (s *FileStore) loadNamespaces() error {
-	data, err := os.ReadFile(filepath.Join(s.state, namespacesName))
+	data, err := readStateFile(filepath.Join(s.state, namespacesName))
 	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if errors.Is(err, errNotRegular) {
+		s.opts.Logger.Warn("ignoring a namespaces file that is not a regular file", "path", filepath.Join(s.state, namespacesName))
 		return nil
 	}
 	if err != nil {

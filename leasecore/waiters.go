@@ -131,7 +131,7 @@ func (s *FileStore) writeWaiters(counts map[string]int) {
 // a missing or corrupt file means no waiters.
 func (s *FileStore) loadWaiters() map[string]int {
 	out := make(map[string]int)
-	data, err := os.ReadFile(filepath.Join(s.state, waitersName))
+	data, err := readStateFile(filepath.Join(s.state, waitersName))
 	if err != nil {
 		return out
 	}

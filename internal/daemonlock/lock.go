@@ -257,12 +257,29 @@ func lockFile(path string, holder Holder) (*Lock, error) {
 	return &Lock{path: path, holder: holder, fd: fd, held: true}, nil
 }
 
+// openLockFile opens (creating) the lock file at path. O_NONBLOCK: a FIFO
+// in its place must not block the open (flock(2) blocks or not by LOCK_NB
+// alone); anything but a regular file is refused. Errors: open(2)'s, or
+// one that says the file is not a regular file.
 func openLockFile(path string) (int, error) {
 	for {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-		if err != unix.EINTR {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
 			return fd, err
 		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%s is not a regular file", path)
+		}
+		return fd, nil
 	}
 }
 
@@ -416,11 +433,15 @@ const maxLockJSON = 64 << 10
 // readLockJSON decodes the JSON file at path into v and reports whether it
 // existed and decoded.
 func readLockJSON(path string, v any) bool {
-	f, err := os.Open(path)
+	// O_NONBLOCK: a FIFO in its place must not block the read.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return false
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxLockJSON+1))
 	if err != nil || len(b) > maxLockJSON {
 		return false

@@ -569,3 +569,35 @@ func TestHeld(t *testing.T) {
 		t.Errorf("Held(missing) ok = true")
 	}
 }
+
+// A FIFO in the lock file's place (or its metadata's) does not block
+// Acquire: the lock is refused with an error that names the path, and the
+// metadata is ignored.
+func TestAcquireFIFO(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "leasefs.lock")
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		l, err := Acquire(path, CurrentHolder("test"))
+		if err == nil {
+			l.Release()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("acquire of a FIFO: %v, want an error naming %s", err, path)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("acquire of a FIFO lock file hangs")
+	}
+	var v map[string]any
+	if readLockJSON(path, &v) {
+		t.Error("readLockJSON decoded a FIFO")
+	}
+}
