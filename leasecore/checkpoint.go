@@ -323,10 +323,14 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 			}
 			return err
 		}
-		if torn && !s.opts.ReadOnly {
-			// A read-only store may see the tail that a serving daemon
-			// is writing: only a writable one, alone on the directory,
-			// knows it is torn.
+		// A read-only store may see the tail that a serving daemon is
+		// writing: only a store alone on the directory (a writable one,
+		// or a reader that no daemon serves) knows it is torn.
+		alone := !s.opts.ReadOnly || s.opts.NoDaemon
+		switch {
+		case alone && j.headerDamaged:
+			s.opts.Logger.Error("the journal's header is damaged: its entries cannot be read, and the changes they held that no checkpoint had written to the records are lost", "path", path)
+		case alone && torn:
 			s.opts.Logger.Warn("dropping the torn tail of the journal: the bytes after its last valid entry (a crash mid-write leaves them, and nothing in them was acknowledged; otherwise the file was damaged)", "path", path)
 		}
 		js[i], entries[i] = j, es

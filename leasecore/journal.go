@@ -107,6 +107,9 @@ type journal struct {
 	syncing bool
 	// ncommits counts commits, for tests.
 	ncommits uint64
+	// headerDamaged: at open, the file had no valid header but held
+	// bytes after the header's place (openJournal).
+	headerDamaged bool
 	// err is the failure of the last commit, until a checkpoint succeeds:
 	// entries after durable may or may not be on disk.
 	err error
@@ -160,11 +163,14 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 	epoch, ok := parseJournalHeader(data)
 	if !ok {
 		// A new journal, or one whose header never became durable: no
-		// entry in it was ever acknowledged.
+		// entry in it was ever acknowledged — unless bytes follow the
+		// header's place: then the header was damaged over entries that
+		// may have been, and which cannot be read without it.
 		j.off = journalHeader
 		// Nothing may be appended before a checkpoint writes a header.
 		j.err = &PersistError{Op: "sync", Path: path, Err: errors.New("journal has no header yet")}
 		torn = len(bytes.Trim(data, "\x00")) > 0
+		j.headerDamaged = len(data) > journalHeader && len(bytes.Trim(data[journalHeader:], "\x00")) > 0
 		return j, nil, torn, nil
 	}
 	j.epoch = epoch

@@ -183,6 +183,36 @@ func TestJournalTornTailDropped(t *testing.T) {
 	}
 }
 
+// A journal whose header is damaged over entries: they cannot be read, and
+// the store says so as an error — changes were lost — not as a harmless
+// torn tail; so does a reader of the directory that no daemon serves.
+func TestJournalDamagedHeaderReported(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	reserve(t, s, "a")
+	img := crashImage(t, state)
+	path := filepath.Join(img, filepath.Base(s.jnl().f.Name()))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(data, "XXXX")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range []Options{{Clock: clock, ReadOnly: true, NoDaemon: true}, {Clock: clock}} {
+		var log syncbuf.Buffer
+		opts.Logger = slog.New(slog.NewTextHandler(&log, nil))
+		openStore(t, img, opts)
+		if !strings.Contains(log.String(), "level=ERROR") || !strings.Contains(log.String(), "header is damaged") {
+			t.Errorf("read-only %v: no error about the damaged header; log:\n%s", opts.ReadOnly, log.String())
+		}
+		if strings.Contains(log.String(), "nothing in them was acknowledged") {
+			t.Errorf("read-only %v: the damaged header is reported as a harmless torn tail; log:\n%s", opts.ReadOnly, log.String())
+		}
+	}
+}
+
 // Changes that arrive while no commit runs share one: three records
 // written under the store's lock are made durable by one write and one
 // fdatasync.
