@@ -161,7 +161,7 @@ func (s *FileStore) rotate() error {
 	}
 	s.prev = j
 	s.jr.Store(next)
-	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), hw: s.hwJournal, done: make(chan struct{})}
+	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), hw: max(s.hwJournal, s.hw), done: make(chan struct{})}
 	s.dirty = make(map[string]struct{})
 	s.ckpt = c
 	if s.cacheChanges >= len(s.leases)/2 {
@@ -203,11 +203,14 @@ func (s *FileStore) fullCheckpoint() error {
 	if err := s.syncChanged(slices.Collect(maps.Keys(s.dirty))); err != nil {
 		return err
 	}
-	if s.hwJournal > s.hwSaved {
-		if err := s.writeGeneration(s.hwJournal); err != nil {
+	// The generation file keeps the high-water mark of every lease ever
+	// granted, so that a record lost or damaged later cannot let its
+	// generation be granted again (fencing tokens only grow).
+	if hw := max(s.hwJournal, s.hw); hw > s.hwSaved {
+		if err := s.writeGeneration(hw); err != nil {
 			return err
 		}
-		s.hwSaved = s.hwJournal
+		s.hwSaved = hw
 	}
 	// The previous epoch first: while it is being reset, the active one
 	// still holds every entry it might be needed for.

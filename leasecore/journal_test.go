@@ -213,6 +213,28 @@ func TestJournalDamagedHeaderReported(t *testing.T) {
 	}
 }
 
+// The generation file holds the high-water mark from the first
+// checkpoint on: when the record of the newest lease is damaged after a
+// clean stop, its generation is not granted again (fencing tokens only
+// grow, docs/PROTOCOL.md §1).
+func TestGenerationSurvivesDamagedRecord(t *testing.T) {
+	t.Parallel()
+	s, clock, state := newTestStore(t, Options{})
+	reserve(t, s, "a")
+	b := reserve(t, s, "b")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "writer-leases", b.Lease.ID+".toml"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openStore(t, state, Options{Clock: clock})
+	c := reserve(t, s2, "c")
+	if c.Lease.Generation <= b.Lease.Generation {
+		t.Errorf("after b's record (generation %d) was damaged, the next lease got generation %d; want more", b.Lease.Generation, c.Lease.Generation)
+	}
+}
+
 // Changes that arrive while no commit runs share one: three records
 // written under the store's lock are made durable by one write and one
 // fdatasync.
