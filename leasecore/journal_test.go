@@ -263,6 +263,28 @@ func TestJournalGroupCommit(t *testing.T) {
 	}
 }
 
+// breakJournals makes every write to s's journal files fail (EBADF: they
+// are swapped for a read-only descriptor of /dev/null) and returns the
+// function that puts the real files back.
+func breakJournals(t *testing.T, s *FileStore) (repair func()) {
+	t.Helper()
+	bad, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bad.Close() })
+	s.mu.Lock()
+	j := s.jnl()
+	good, goodPrev := j.f, s.prev.f
+	j.f, s.prev.f = bad, bad
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		j.f, s.prev.f = good, goodPrev
+		s.mu.Unlock()
+	}
+}
+
 // A commit that fails leaves the outcome unknown: the caller gets a
 // *PersistError that is ErrOutcomeUnknown, the reservation it made is
 // ended (its holder never got the token), and once the journal works again
@@ -271,18 +293,8 @@ func TestJournalCommitFailure(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
-	j := s.jnl()
-	good, goodPrev := j.f, s.prev.f
-	bad, err := os.Open(os.DevNull) // read-only: writes fail with EBADF
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
-	s.mu.Lock()
-	j.f = bad
-	s.prev.f = bad
-	s.mu.Unlock()
-	_, err = s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000})
+	repair := breakJournals(t, s)
+	_, err := s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000})
 	if !errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("Reserve with a failing journal: %v, want ErrOutcomeUnknown", err)
 	}
@@ -292,10 +304,7 @@ func TestJournalCommitFailure(t *testing.T) {
 	if _, err := s.Reserve(ctx, Draft{Resource: "y", HolderUID: 1000}); err == nil {
 		t.Error("Reserve while the journal cannot be reset succeeded")
 	}
-	s.mu.Lock()
-	j.f = good
-	s.prev.f = goodPrev
-	s.mu.Unlock()
+	repair()
 	g := reserve(t, s, "z")
 	if _, err := s.Live(ctx, "z"); err != nil {
 		t.Errorf("after the journal recovered, Live(z) = %v", err)
@@ -314,16 +323,7 @@ func TestJournalReadsRecoverAfterFailedCommit(t *testing.T) {
 	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "a")
-	j := s.jnl()
-	good, goodPrev := j.f, s.prev.f
-	bad, err := os.Open(os.DevNull) // read-only: writes fail with EBADF
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
-	s.mu.Lock()
-	j.f, s.prev.f = bad, bad
-	s.mu.Unlock()
+	repair := breakJournals(t, s)
 	if _, err := s.Reserve(ctx, Draft{Resource: "x", HolderUID: 1000}); !errors.Is(err, ErrOutcomeUnknown) {
 		t.Fatalf("Reserve with a failing journal: %v, want ErrOutcomeUnknown", err)
 	}
@@ -331,9 +331,7 @@ func TestJournalReadsRecoverAfterFailedCommit(t *testing.T) {
 	if _, err := s.Live(ctx, "a"); !errors.As(err, &pe) {
 		t.Fatalf("Live(a) while the journal cannot be checkpointed: %v, want a *PersistError", err)
 	}
-	s.mu.Lock()
-	j.f, s.prev.f = good, goodPrev
-	s.mu.Unlock()
+	repair()
 	// Within a second of the failed retry, reads still fail at once.
 	if _, err := s.Live(ctx, "a"); !errors.As(err, &pe) {
 		t.Fatalf("Live(a) within the retry interval: %v, want a *PersistError", err)
