@@ -218,6 +218,12 @@ func (s *Store) Acquire(ctx context.Context, d leasecore.Draft) (leasecore.Grant
 
 func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
 	key := s.k.waiters(d.Resource) + leasecore.NewLeaseID()
+	// The key leaves the queue however the call ends, even when the Put
+	// itself failed: a Put cut short by ctx or the call timeout may have
+	// been applied, and a waiter key left behind would stand at the head
+	// of the queue, ahead of every later waiter, for as long as this
+	// daemon's session lasts. Deleting a key that is gone is a no-op.
+	defer s.dropWaiter(key)
 	cctx, done := s.call(ctx)
 	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID()))
 	done()
@@ -225,11 +231,6 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 		return leasecore.Grant{}, s.unreachable(ctx, "queue", key, err, false)
 	}
 	myRev := put.Header.Revision
-	defer func() {
-		dctx, done := s.call(context.Background())
-		defer done()
-		_, _ = s.cli.Delete(dctx, key) // a no-op once reserved
-	}()
 	for {
 		changed := s.changedChan(d.Resource)
 		cctx, done := s.call(ctx)
@@ -263,6 +264,38 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 		case <-changed:
 		}
 	}
+}
+
+// dropWaiter deletes waiter key (a no-op once a reservation removed it).
+// When the cluster does not answer, it tries again each second in the
+// background until it does or the store closes; the key is bound to the
+// session lease, so it goes at the latest when that does.
+func (s *Store) dropWaiter(key string) {
+	del := func() error {
+		ctx, done := s.call(context.Background())
+		defer done()
+		_, err := s.cli.Delete(ctx, key)
+		return err
+	}
+	if del() == nil {
+		return
+	}
+	s.wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.bg.Done():
+				return
+			case <-t.C:
+			}
+			err := del()
+			if err == nil {
+				return
+			}
+			s.opts.Logger.Debug("removing a waiter key failed; trying again", "key", key, "err", err)
+		}
+	})
 }
 
 // keepAlive keeps etcd lease lid of handle lease id alive until the lease
