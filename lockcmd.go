@@ -197,6 +197,12 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	case err != nil:
 		return 0, fmt.Errorf("cannot lock %s: %w", path, err)
 	}
+	// The lease ends before lock exits, however it exits: the unlock is
+	// answered once the daemon has ended the lease, while the release that
+	// follows the close comes asynchronously, after close returns
+	// (docs/PROTOCOL.md §6). A caller that runs lock again at once, or
+	// checks the name, finds it free.
+	defer func() { _ = unix.Flock(fd, unix.LOCK_UN) }()
 	st, err := readStatus(fd)
 	if err != nil {
 		return 0, fmt.Errorf("cannot read the lease of %s: %w", path, err)
@@ -327,12 +333,23 @@ func takeLock(ctx context.Context, fd int, o lockOptions, sigs <-chan os.Signal,
 	if err != nil {
 		return err
 	}
+	// The child gets a duplicate of fd (the same open file description):
+	// an *os.File of fd itself would close fd when it is collected.
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		return err
+	}
+	lease := os.NewFile(uintptr(dup), "lease")
 	child := exec.Command(self, flockChild)
-	child.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "lease")}
+	child.ExtraFiles = []*os.File{lease}
 	child.Stderr = os.Stderr
 	// The waiting helper must not outlive lock (SIGKILL of lock included).
 	child.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := child.Start(); err != nil {
+	err = child.Start()
+	// Closing the duplicate sends only a FLUSH, which ends nothing; fd keeps
+	// the open file description.
+	lease.Close()
+	if err != nil {
 		return err
 	}
 	done := make(chan error, 1)
