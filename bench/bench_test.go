@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 
 // TestQuickSmoke runs the command with -quick and -profile on its cheapest
 // rows (the leasefs lease cycle and the kill-to-grant row through a real
-// mount, the in-process store, the in-memory FUSE ceiling, the fsync floors)
+// mount, the in-process store, the in-memory and durable FUSE ceilings, the
+// fsync floors)
 // and checks that the table has every row with non-zero numbers and that the
 // report files and the daemon's profiles are written. It asserts no timing.
 func TestQuickSmoke(t *testing.T) {
@@ -38,7 +39,7 @@ func TestQuickSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	prof := t.TempDir()
-	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3b|3c|4r|4f|8)$`, "-out", out, "-profile", prof}, &stdout, &stderr)
+	err := run(ctx, []string{"-quick", "-only", `^(1a|2|3a|3b|3c|3d|3e|3f|3g|4r|4f|8)$`, "-out", out, "-profile", prof}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\nstderr:\n%s", err, stderr.String())
 	}
@@ -46,7 +47,7 @@ func TestQuickSmoke(t *testing.T) {
 		t.Errorf("%d mounts of the run are left in /proc/self/mountinfo", left)
 	}
 	table := stdout.String()
-	for _, id := range []string{"1a", "2", "3a", "3b", "3c", "4r", "4f"} {
+	for _, id := range []string{"1a", "2", "3a", "3b", "3c", "3d", "3e", "3f", "3g", "4r", "4f"} {
 		for _, n := range clientCounts {
 			re := regexp.MustCompile(`(?m)^` + id + `\s+.*?\s+` + strconv.Itoa(n) + `\s+(\d+)\s+(\S+)\s+(\S+)`)
 			m := re.FindStringSubmatch(table)

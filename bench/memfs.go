@@ -20,10 +20,15 @@ import (
 )
 
 // memRoot is the root directory of the in-memory FUSE ceiling: the same
-// system calls as leasefs's rows 1a and 1c answered from a map, with no
-// store, no record and no fsync. Its methods are safe for concurrent use.
+// system calls as leasefs's rows 1a–1d answered from a map, with no store,
+// no record and, unless dur is set, no fsync. With dur (the durable
+// ceiling), every change a lease store must make durable — a reservation,
+// an unlink, a renewal, a lock taken or dropped — returns only after a
+// group-committed fdatasync, and nothing else. Its methods are safe for
+// concurrent use.
 type memRoot struct {
 	fs.Inode
+	dur   *groupCommit // nil: nothing is synced
 	mu    sync.Mutex
 	files map[string]*memFile
 	ino   atomic.Uint64
@@ -38,13 +43,21 @@ var (
 )
 
 // memFile is one name: a token, shown by the first read of the handle
-// that created it, and an exclusive lock. Safe for concurrent use.
+// that created it, and an exclusive lock handed over first come, first
+// served, as leasefs does (docs/PROTOCOL.md §6). Safe for concurrent use.
 type memFile struct {
 	fs.Inode
+	root  *memRoot
 	token string
 	mu    sync.Mutex
-	owner uint64        // lock owner, 0 when unlocked
-	freed chan struct{} // closed and replaced when the lock is dropped
+	owner uint64       // lock owner, 0 when unlocked
+	queue []*memWaiter // blocked lockers, oldest first
+}
+
+// memWaiter is one blocked locker; granted is closed once the lock is its.
+type memWaiter struct {
+	owner   uint64
+	granted chan struct{}
 }
 
 var (
@@ -93,31 +106,44 @@ func (r *memRoot) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	return &f.Inode, 0
 }
 
+// commit makes the caller's change durable when r is the durable ceiling.
+func (r *memRoot) commit() syscall.Errno {
+	if r.dur == nil || r.dur.commit() == nil {
+		return 0
+	}
+	return syscall.EIO
+}
+
 func (r *memRoot) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if f := r.files[name]; f != nil {
+		r.mu.Unlock()
 		if flags&syscall.O_EXCL != 0 {
 			return nil, nil, 0, syscall.EEXIST
 		}
 		f.fill(&out.Attr)
 		return &f.Inode, &memHandle{f: f}, fuse.FOPEN_DIRECT_IO, 0
 	}
-	f := &memFile{token: newToken(), freed: make(chan struct{})}
+	f := &memFile{root: r, token: newToken()}
 	in := r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 1<<40 + r.ino.Add(1)})
 	r.files[name] = f
+	r.mu.Unlock()
 	f.fill(&out.Attr)
+	if errno := r.commit(); errno != 0 {
+		return nil, nil, 0, errno
+	}
 	return in, &memHandle{f: f, reserved: true}, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (r *memRoot) Unlink(ctx context.Context, name string) syscall.Errno {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.files[name] == nil {
+		r.mu.Unlock()
 		return syscall.ENOENT
 	}
 	delete(r.files, name)
-	return 0
+	r.mu.Unlock()
+	return r.commit()
 }
 
 func (r *memRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
@@ -171,7 +197,7 @@ func (h *memHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 }
 
 func (h *memHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	return uint32(len(data)), 0
+	return uint32(len(data)), h.f.root.commit()
 }
 
 func (h *memHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
@@ -195,47 +221,74 @@ func (h *memHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock,
 }
 
 // lock takes (F_WRLCK) or drops (F_UNLCK) the file's one exclusive lock;
-// shared locks get ENOLCK, as in leasefs.
+// shared locks get ENOLCK, as in leasefs. A blocking lock waits behind
+// every earlier waiter; the unlock hands the lock to the oldest.
 func (h *memHandle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, wait bool) syscall.Errno {
 	switch lk.Typ {
 	case syscall.F_UNLCK:
-		h.unlock(owner)
-		return 0
+		return h.unlock(owner)
 	case syscall.F_WRLCK:
 	default:
 		return syscall.ENOLCK
 	}
-	for {
-		h.f.mu.Lock()
-		if h.f.owner == 0 || h.f.owner == owner {
-			h.f.owner = owner
-			h.f.mu.Unlock()
-			h.mu.Lock()
-			h.owner = owner
-			h.mu.Unlock()
-			return 0
-		}
-		freed := h.f.freed
-		h.f.mu.Unlock()
-		if !wait {
-			return syscall.EAGAIN
-		}
-		select {
-		case <-freed:
-		case <-ctx.Done():
+	f := h.f
+	f.mu.Lock()
+	switch {
+	case f.owner == owner:
+		f.mu.Unlock()
+		return 0
+	case f.owner == 0 && len(f.queue) == 0:
+		f.owner = owner
+		f.mu.Unlock()
+		return h.locked(owner)
+	case !wait:
+		f.mu.Unlock()
+		return syscall.EAGAIN
+	}
+	w := &memWaiter{owner: owner, granted: make(chan struct{})}
+	f.queue = append(f.queue, w)
+	f.mu.Unlock()
+	select {
+	case <-w.granted:
+	case <-ctx.Done():
+		f.mu.Lock()
+		if i := slices.Index(f.queue, w); i >= 0 {
+			f.queue = slices.Delete(f.queue, i, i+1)
+			f.mu.Unlock()
 			return syscall.EINTR
 		}
+		f.mu.Unlock() // granted meanwhile: keep it
 	}
+	return h.locked(owner)
 }
 
-func (h *memHandle) unlock(owner uint64) {
-	h.f.mu.Lock()
-	defer h.f.mu.Unlock()
-	if owner != 0 && h.f.owner == owner {
-		h.f.owner = 0
-		close(h.f.freed)
-		h.f.freed = make(chan struct{})
+// locked records that this open file holds the lock as owner and makes
+// the grant durable.
+func (h *memHandle) locked(owner uint64) syscall.Errno {
+	h.mu.Lock()
+	h.owner = owner
+	h.mu.Unlock()
+	return h.f.root.commit()
+}
+
+// unlock drops the lock if owner holds it, handing it to the oldest
+// waiter, and makes that durable.
+func (h *memHandle) unlock(owner uint64) syscall.Errno {
+	f := h.f
+	f.mu.Lock()
+	if owner == 0 || f.owner != owner {
+		f.mu.Unlock()
+		return 0
 	}
+	f.owner = 0
+	if len(f.queue) > 0 {
+		w := f.queue[0]
+		f.queue = f.queue[1:]
+		f.owner = w.owner
+		close(w.granted)
+	}
+	f.mu.Unlock()
+	return f.root.commit()
 }
 
 // Release drops the lock this open file holds, as the kernel's last close
@@ -244,19 +297,28 @@ func (h *memHandle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	owner := h.owner
 	h.mu.Unlock()
-	h.unlock(owner)
-	return 0
+	return h.unlock(owner)
 }
 
-// memfsMain serves the in-memory filesystem on args[0] until SIGTERM or
-// SIGINT, then unmounts.
+// memfsMain serves the in-memory filesystem on the last of args until
+// SIGTERM or SIGINT, then unmounts; "-durable JOURNAL" before it makes it
+// the durable ceiling, committing to the file JOURNAL.
 func memfsMain(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: memfs MOUNTPOINT")
-	}
-	zero := time.Duration(0)
 	root := &memRoot{files: map[string]*memFile{}}
-	server, err := fs.Mount(args[0], root, &fs.Options{
+	switch {
+	case len(args) == 3 && args[0] == "-durable":
+		g, err := newGroupCommit(args[1])
+		if err != nil {
+			return err
+		}
+		defer g.close()
+		root.dur = g
+	case len(args) != 1:
+		return errors.New("usage: memfs [-durable JOURNAL] MOUNTPOINT")
+	}
+	mnt := args[len(args)-1]
+	zero := time.Duration(0)
+	server, err := fs.Mount(mnt, root, &fs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
 		MountOptions: fuse.MountOptions{
 			FsName: "benchmemfs", Name: "benchmemfs", Options: []string{"default_permissions"},
@@ -271,40 +333,71 @@ func memfsMain(args []string) error {
 	go func() {
 		<-sig
 		if err := server.Unmount(); err != nil {
-			_ = syscall.Unmount(args[0], syscall.MNT_DETACH)
+			_ = syscall.Unmount(mnt, syscall.MNT_DETACH)
 		}
 	}()
 	server.Wait()
 	return nil
 }
 
-// memfsRows runs rows 3a, 3b and 3c against the in-memory filesystem, served
-// by a re-executed copy of this command.
+// memfsRows runs rows 3a, 3b and 3c against the in-memory filesystem and
+// rows 3d–3g against the durable one, each served by a re-executed copy of
+// this command.
 func (b *bench) memfsRows() error {
-	if !b.wantAny(map[string]string{"3a": nameMemL, "3b": nameMemR, "3c": nameMemH}) {
+	if b.wantAny(map[string]string{"3a": nameMemL, "3b": nameMemR, "3c": nameMemH}) {
+		err := b.withMemfs("memfs", false, func(mp string) error {
+			if err := b.cellRow("3a", nameMemL, leaseCycle(mp, "lease")); err != nil {
+				return err
+			}
+			if err := b.cellRow("3b", nameMemR, renewCycle(mp)); err != nil {
+				return err
+			}
+			return b.cellRow("3c", nameMemH, handleCycle(mp, "handle"))
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if !b.wantAny(map[string]string{"3d": nameDurL, "3e": nameDurR, "3f": nameDurH, "3g": nameDurQ}) {
 		return nil
 	}
-	mp := filepath.Join(b.tmp, "memfs")
+	return b.withMemfs("durablefs", true, func(mp string) error {
+		if err := b.cellRow("3d", nameDurL, leaseCycle(mp, "lease")); err != nil {
+			return err
+		}
+		if err := b.cellRow("3e", nameDurR, renewCycle(mp)); err != nil {
+			return err
+		}
+		if err := b.cellRow("3f", nameDurH, handleCycle(mp, "handle")); err != nil {
+			return err
+		}
+		return b.queueRow("3g", nameDurQ, mp)
+	})
+}
+
+// withMemfs mounts the in-memory filesystem (durable: the durable ceiling,
+// its journal in the bench's temporary directory) on a new directory dir
+// of it, runs rows on the mountpoint and stops it.
+func (b *bench) withMemfs(dir string, durable bool, rows func(mp string) error) error {
+	mp := filepath.Join(b.tmp, dir)
 	if err := os.MkdirAll(mp, 0o755); err != nil {
 		return err
 	}
-	cmd, err := selfCommand("memfs", mp)
+	args := []string{mp}
+	if durable {
+		args = []string{"-durable", filepath.Join(b.tmp, dir+".journal"), mp}
+	}
+	cmd, err := selfCommand("memfs", args...)
 	if err != nil {
 		return err
 	}
-	c, err := b.spawn("memfs", mp, cmd)
+	c, err := b.spawn(dir, mp, cmd)
 	if err != nil {
 		return err
 	}
 	defer c.stop()
 	if _, err := c.waitMounted(time.Now(), 30*time.Second); err != nil {
-		return fmt.Errorf("in-memory go-fuse: %w", err)
+		return fmt.Errorf("in-memory go-fuse (%s): %w", dir, err)
 	}
-	if err := b.cellRow("3a", nameMemL, leaseCycle(mp, "lease")); err != nil {
-		return err
-	}
-	if err := b.cellRow("3b", nameMemR, renewCycle(mp)); err != nil {
-		return err
-	}
-	return b.cellRow("3c", nameMemH, handleCycle(mp, "handle"))
+	return rows(mp)
 }
