@@ -23,15 +23,19 @@ import (
 // system calls as leasefs's rows 1a–1d answered from a map, with no store,
 // no record and, unless dur is set, no fsync. With dur (the durable
 // ceiling), every change a lease store must make durable — a reservation,
-// an unlink, a renewal, a lock taken or dropped — returns only after a
-// group-committed fdatasync, and nothing else. Its methods are safe for
-// concurrent use.
+// an unlink, a renewal, a lock taken, handed over or dropped — returns only
+// after a group-committed fdatasync, and nothing else. As in leasefs, a
+// file is a lease: dropping its lock with no one waiting frees the name.
+// Its methods are safe for concurrent use.
 type memRoot struct {
 	fs.Inode
-	dur   *groupCommit // nil: nothing is synced
+	dur *groupCommit // nil: nothing is synced
+	ino atomic.Uint64
+
+	// mu guards files and every memFile's lock state. It is a leaf: nothing
+	// is called while it is held (commits come after it is let go).
 	mu    sync.Mutex
-	files map[string]*memFile
-	ino   atomic.Uint64
+	files map[string]*memFile // the live leases by name
 }
 
 var (
@@ -42,16 +46,18 @@ var (
 	_ = (fs.NodeGetattrer)((*memRoot)(nil))
 )
 
-// memFile is one name: a token, shown by the first read of the handle
-// that created it, and an exclusive lock handed over first come, first
-// served, as leasefs does (docs/PROTOCOL.md §6). Safe for concurrent use.
+// memFile is one lease on a name: a token, shown by the first read of the
+// handle that created it, and an exclusive lock handed over first come,
+// first served, as leasefs does (docs/PROTOCOL.md §6). Its lock state is
+// guarded by root.mu.
 type memFile struct {
 	fs.Inode
-	root  *memRoot
-	token string
-	mu    sync.Mutex
-	owner uint64       // lock owner, 0 when unlocked
-	queue []*memWaiter // blocked lockers, oldest first
+	root     *memRoot
+	name     string
+	token    string
+	reserver *memHandle   // the open that created it, until a lock binds it
+	owner    uint64       // lock owner, 0 when unlocked
+	queue    []*memWaiter // blocked lockers, oldest first
 }
 
 // memWaiter is one blocked locker; granted is closed once the lock is its.
@@ -90,6 +96,22 @@ func newToken() string {
 	return "tok_" + hex.EncodeToString(b[:])
 }
 
+// commit makes the caller's change durable when r is the durable ceiling.
+func (r *memRoot) commit() syscall.Errno {
+	if r.dur == nil || r.dur.commit() == nil {
+		return 0
+	}
+	return syscall.EIO
+}
+
+// newFile makes a lease on name with an inode of its own; r.mu is held.
+func (r *memRoot) newFile(ctx context.Context, name string) *memFile {
+	f := &memFile{root: r, name: name, token: newToken()}
+	r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 1<<40 + r.ino.Add(1)})
+	r.files[name] = f
+	return f
+}
+
 func (r *memRoot) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	out.Mode = syscall.S_IFDIR | 0o777
 	return 0
@@ -106,14 +128,6 @@ func (r *memRoot) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	return &f.Inode, 0
 }
 
-// commit makes the caller's change durable when r is the durable ceiling.
-func (r *memRoot) commit() syscall.Errno {
-	if r.dur == nil || r.dur.commit() == nil {
-		return 0
-	}
-	return syscall.EIO
-}
-
 func (r *memRoot) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	r.mu.Lock()
 	if f := r.files[name]; f != nil {
@@ -124,15 +138,15 @@ func (r *memRoot) Create(ctx context.Context, name string, flags, mode uint32, o
 		f.fill(&out.Attr)
 		return &f.Inode, &memHandle{f: f}, fuse.FOPEN_DIRECT_IO, 0
 	}
-	f := &memFile{root: r, token: newToken()}
-	in := r.NewInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 1<<40 + r.ino.Add(1)})
-	r.files[name] = f
+	f := r.newFile(ctx, name)
+	h := &memHandle{f: f, reserved: true}
+	f.reserver = h
 	r.mu.Unlock()
 	f.fill(&out.Attr)
 	if errno := r.commit(); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return in, &memHandle{f: f, reserved: true}, fuse.FOPEN_DIRECT_IO, 0
+	return &f.Inode, h, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (r *memRoot) Unlink(ctx context.Context, name string) syscall.Errno {
@@ -203,10 +217,11 @@ func (h *memHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 func (h *memHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
 
 func (h *memHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
-	h.f.mu.Lock()
-	defer h.f.mu.Unlock()
+	r := h.f.root
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	*out = fuse.FileLock{Typ: syscall.F_UNLCK}
-	if h.f.owner != 0 && h.f.owner != owner {
+	if cur := r.files[h.f.name]; cur != nil && cur.owner != 0 && cur.owner != owner {
 		*out = fuse.FileLock{Typ: syscall.F_WRLCK, End: 1<<63 - 1}
 	}
 	return 0
@@ -220,9 +235,11 @@ func (h *memHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock,
 	return h.lock(ctx, owner, lk, true)
 }
 
-// lock takes (F_WRLCK) or drops (F_UNLCK) the file's one exclusive lock;
-// shared locks get ENOLCK, as in leasefs. A blocking lock waits behind
-// every earlier waiter; the unlock hands the lock to the oldest.
+// lock takes (F_WRLCK) or drops (F_UNLCK) the exclusive lock of the name's
+// current lease, as leasefs's flock acquires the name: on a free name it
+// reserves a new lease, on a lease this open reserved it binds it, on a
+// held one it waits behind every earlier waiter (or EAGAIN). Shared locks
+// get ENOLCK, as in leasefs.
 func (h *memHandle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, wait bool) syscall.Errno {
 	switch lk.Typ {
 	case syscall.F_UNLCK:
@@ -231,33 +248,39 @@ func (h *memHandle) lock(ctx context.Context, owner uint64, lk *fuse.FileLock, w
 	default:
 		return syscall.ENOLCK
 	}
-	f := h.f
-	f.mu.Lock()
+	r := h.f.root
+	r.mu.Lock()
+	cur := r.files[h.f.name]
 	switch {
-	case f.owner == owner:
-		f.mu.Unlock()
+	case cur == nil:
+		cur = r.newFile(ctx, h.f.name)
+		cur.owner = owner
+		r.mu.Unlock()
+		return h.locked(owner)
+	case cur.owner == owner:
+		r.mu.Unlock()
 		return 0
-	case f.owner == 0 && len(f.queue) == 0:
-		f.owner = owner
-		f.mu.Unlock()
+	case cur.owner == 0 && (cur.reserver == h || cur.reserver == nil && len(cur.queue) == 0):
+		cur.owner, cur.reserver = owner, nil
+		r.mu.Unlock()
 		return h.locked(owner)
 	case !wait:
-		f.mu.Unlock()
+		r.mu.Unlock()
 		return syscall.EAGAIN
 	}
 	w := &memWaiter{owner: owner, granted: make(chan struct{})}
-	f.queue = append(f.queue, w)
-	f.mu.Unlock()
+	cur.queue = append(cur.queue, w)
+	r.mu.Unlock()
 	select {
 	case <-w.granted:
 	case <-ctx.Done():
-		f.mu.Lock()
-		if i := slices.Index(f.queue, w); i >= 0 {
-			f.queue = slices.Delete(f.queue, i, i+1)
-			f.mu.Unlock()
+		r.mu.Lock()
+		if i := slices.Index(cur.queue, w); i >= 0 {
+			cur.queue = slices.Delete(cur.queue, i, i+1)
+			r.mu.Unlock()
 			return syscall.EINTR
 		}
-		f.mu.Unlock() // granted meanwhile: keep it
+		r.mu.Unlock() // granted meanwhile: keep it
 	}
 	return h.locked(owner)
 }
@@ -271,24 +294,27 @@ func (h *memHandle) locked(owner uint64) syscall.Errno {
 	return h.f.root.commit()
 }
 
-// unlock drops the lock if owner holds it, handing it to the oldest
-// waiter, and makes that durable.
+// unlock drops the lock of the name's lease if owner holds it: the oldest
+// waiter gets it, or, with none, the lease ends and the name is free. The
+// change is made durable.
 func (h *memHandle) unlock(owner uint64) syscall.Errno {
-	f := h.f
-	f.mu.Lock()
-	if owner == 0 || f.owner != owner {
-		f.mu.Unlock()
+	r := h.f.root
+	r.mu.Lock()
+	cur := r.files[h.f.name]
+	if owner == 0 || cur == nil || cur.owner != owner {
+		r.mu.Unlock()
 		return 0
 	}
-	f.owner = 0
-	if len(f.queue) > 0 {
-		w := f.queue[0]
-		f.queue = f.queue[1:]
-		f.owner = w.owner
+	if len(cur.queue) > 0 {
+		w := cur.queue[0]
+		cur.queue = cur.queue[1:]
+		cur.owner = w.owner
 		close(w.granted)
+	} else {
+		delete(r.files, cur.name)
 	}
-	f.mu.Unlock()
-	return f.root.commit()
+	r.mu.Unlock()
+	return r.commit()
 }
 
 // Release drops the lock this open file holds, as the kernel's last close
@@ -296,6 +322,7 @@ func (h *memHandle) unlock(owner uint64) syscall.Errno {
 func (h *memHandle) Release(ctx context.Context) syscall.Errno {
 	h.mu.Lock()
 	owner := h.owner
+	h.owner = 0
 	h.mu.Unlock()
 	return h.unlock(owner)
 }
