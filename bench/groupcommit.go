@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -104,3 +107,74 @@ func (g *groupCommit) commit() error {
 
 // close closes the journal file.
 func (g *groupCommit) close() error { return g.f.Close() }
+
+// historyKeep is how many ended leases' record files the durable ceiling
+// keeps, as leasefs does by default (docs/PROTOCOL.md §4.3, --history-keep).
+const historyKeep = 10000
+
+// history writes the one record file per lease that the record format
+// requires (docs/PROTOCOL.md §4.3) the cheapest way there is: behind, every
+// 100 ms, each a new file of entryBytes written without fsync (the journal
+// already holds the change), the oldest removed beyond historyKeep. Safe
+// for concurrent use.
+type history struct {
+	dir string
+
+	mu      sync.Mutex
+	pending []uint64 // inode numbers of leases ended since the last write
+	kept    []string // record files written, oldest first
+	seq     uint64
+}
+
+// newHistory creates dir and starts writing behind until ctx ends.
+func newHistory(ctx context.Context, dir string) (*history, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	h := &history{dir: dir}
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				h.flush()
+			}
+		}
+	}()
+	return h, nil
+}
+
+// ended queues the record file of the lease with inode ino.
+func (h *history) ended(ino uint64) {
+	h.mu.Lock()
+	h.pending = append(h.pending, ino)
+	h.mu.Unlock()
+}
+
+// flush writes the queued record files and prunes the oldest.
+func (h *history) flush() {
+	h.mu.Lock()
+	batch := h.pending
+	h.pending = nil
+	h.mu.Unlock()
+	body := make([]byte, entryBytes)
+	for _, ino := range batch {
+		h.seq++
+		name := filepath.Join(h.dir, fmt.Sprintf("lease-%d-%d.toml", ino, h.seq))
+		copy(body, fmt.Sprintf("lease_id = %q\n", name))
+		fd, err := unix.Open(name, unix.O_CREAT|unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			continue
+		}
+		_, _ = unix.Write(fd, body)
+		_ = unix.Close(fd)
+		h.kept = append(h.kept, name)
+	}
+	for len(h.kept) > historyKeep {
+		_ = unix.Unlink(h.kept[0])
+		h.kept = h.kept[1:]
+	}
+}

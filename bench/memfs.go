@@ -24,13 +24,15 @@ import (
 // no record and, unless dur is set, no fsync. With dur (the durable
 // ceiling), every change a lease store must make durable — a reservation,
 // an unlink, a renewal, a lock taken, handed over or dropped — returns only
-// after a group-committed fdatasync, and nothing else. As in leasefs, a
-// file is a lease: dropping its lock with no one waiting frees the name.
-// Its methods are safe for concurrent use.
+// after a group-committed fdatasync, and each ended lease leaves a record
+// file written behind (hist), and nothing else. As in leasefs, a file is a
+// lease: dropping its lock with no one waiting frees the name. Its methods
+// are safe for concurrent use.
 type memRoot struct {
 	fs.Inode
-	dur *groupCommit // nil: nothing is synced
-	ino atomic.Uint64
+	dur  *groupCommit // nil: nothing is synced
+	hist *history     // nil: no record files
+	ino  atomic.Uint64
 
 	// mu guards files and every memFile's lock state. It is a leaf: nothing
 	// is called while it is held (commits come after it is let go).
@@ -155,9 +157,18 @@ func (r *memRoot) Unlink(ctx context.Context, name string) syscall.Errno {
 		r.mu.Unlock()
 		return syscall.ENOENT
 	}
+	f := r.files[name]
 	delete(r.files, name)
 	r.mu.Unlock()
+	r.ended(f)
 	return r.commit()
+}
+
+// ended keeps the history record of lease f in the durable ceiling.
+func (r *memRoot) ended(f *memFile) {
+	if r.hist != nil {
+		r.hist.ended(f.StableAttr().Ino)
+	}
 }
 
 func (r *memRoot) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
@@ -310,10 +321,13 @@ func (h *memHandle) unlock(owner uint64) syscall.Errno {
 		cur.queue = cur.queue[1:]
 		cur.owner = w.owner
 		close(w.granted)
-	} else {
-		delete(r.files, cur.name)
+		r.mu.Unlock()
+		r.ended(cur) // the holder's lease ended; the waiter's is new
+		return r.commit()
 	}
+	delete(r.files, cur.name)
 	r.mu.Unlock()
+	r.ended(cur)
 	return r.commit()
 }
 
@@ -339,6 +353,11 @@ func memfsMain(args []string) error {
 			return err
 		}
 		defer g.close()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if root.hist, err = newHistory(ctx, args[1]+".records"); err != nil {
+			return err
+		}
 		root.dur = g
 	case len(args) != 1:
 		return errors.New("usage: memfs [-durable JOURNAL] MOUNTPOINT")
