@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -98,6 +99,30 @@ func TestLockConflictAndWait(t *testing.T) {
 	holder.killGroup()
 	if r := waiter.wait(20 * time.Second); r.code != 0 || !strings.Contains(r.stdout, "granted ") {
 		t.Fatalf("waiting lock after the holder ended: %s", r)
+	}
+}
+
+// A lock granted after a wait stays held for as long as the command runs,
+// however often lock's garbage collector runs (GOGC=1 makes it run at
+// every periodic check): the descriptor that holds the lease is lock's own
+// and nothing but lock's exit closes it.
+func TestLockAfterWaitHeldThroughGC(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := filepath.Join(d.mountpoint, "gc")
+	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "gc", "--", "bash", "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	waiter := startProc(t, []string{"GOGC=1", "P=" + p}, leasefsBin, "lock", "-w", "20s", "--mount", d.mountpoint, "gc", "--",
+		"bash", "-c", `echo "granted $LEASEFS_LEASE_ID"; sleep 2; cat "$P"`)
+	waitWaiters(t, p, 1)
+	holder.killGroup()
+	r := waiter.wait(20 * time.Second)
+	id := regexp.MustCompile(`(?m)^granted (lease-\S+)$`).FindStringSubmatch(r.stdout)
+	if r.code != 0 || id == nil {
+		t.Fatalf("waiting lock after the holder ended: %s", r)
+	}
+	if !strings.Contains(r.stdout, `lease_id = "`+id[1]+`"`) || !strings.Contains(r.stdout, `mode = "handle"`) {
+		t.Errorf("two seconds into the command, %s was not its lease %s held as a handle lease: %s", p, id[1], r)
 	}
 }
 
