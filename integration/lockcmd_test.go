@@ -19,6 +19,15 @@ func lockCmd(t *testing.T, env []string, args ...string) result {
 	return runClient(t, env, append([]string{leasefsBin, "lock"}, args...)...)
 }
 
+// lockHolder starts `leasefs lock NAME` on d with a command that holds the
+// lease until the test kills its process group, and returns once it holds.
+func lockHolder(t *testing.T, d *daemon, name string) *bgProc {
+	t.Helper()
+	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, name, "--", "bash", "-c", "echo held; exec sleep 60")
+	holder.expect(`(?m)^held$`, holdTimeout)
+	return holder
+}
+
 // `leasefs lock` runs the command holding a handle lease, tells it the lease
 // and fencing token, does not leak the locked descriptor, exits with its
 // status and frees the name when it ends.
@@ -83,8 +92,7 @@ exit 7`
 func TestLockConflictAndWait(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
-	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "busy", "--", "bash", "-c", "echo held; exec sleep 60")
-	holder.expect(`(?m)^held$`, holdTimeout)
+	holder := lockHolder(t, d, "busy")
 	if r := lockCmd(t, nil, "-n", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "busy is held") {
 		t.Errorf("lock -n on a held name: %s", r)
 	}
@@ -110,8 +118,7 @@ func TestLockAfterWaitHeldThroughGC(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	p := filepath.Join(d.mountpoint, "gc")
-	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "gc", "--", "bash", "-c", "echo held; exec sleep 60")
-	holder.expect(`(?m)^held$`, holdTimeout)
+	holder := lockHolder(t, d, "gc")
 	waiter := startProc(t, []string{"GOGC=1", "P=" + p}, leasefsBin, "lock", "-w", "20s", "--mount", d.mountpoint, "gc", "--",
 		"bash", "-c", `echo "granted $LEASEFS_LEASE_ID"; sleep 2; cat "$P"`)
 	waitWaiters(t, p, 1)
@@ -205,8 +212,7 @@ func TestLockShortWaitLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(d.mountpoint, "fresh")); !os.IsNotExist(err) {
 		t.Errorf("after lock -w 1ms the name is still held: %v", err)
 	}
-	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "busy", "--", "bash", "-c", "echo held; exec sleep 60")
-	holder.expect(`(?m)^held$`, holdTimeout)
+	lockHolder(t, d, "busy")
 	if r := lockCmd(t, nil, "-w", "0", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 {
 		t.Errorf("lock -w 0 on a held name: %s", r)
 	}
@@ -241,8 +247,7 @@ func TestLockRefusesAndInterrupts(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	p := filepath.Join(d.mountpoint, "n")
-	holder := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "n", "--", "bash", "-c", "echo held; exec sleep 60")
-	holder.expect(`(?m)^held$`, holdTimeout)
+	lockHolder(t, d, "n")
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGQUIT} {
 		w := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "n", "--", "echo", "RAN")
 		waitWaiters(t, p, 1)
