@@ -10,7 +10,9 @@
 // directory and drives it with real system calls from 1, 4, 16 and 64
 // clients (goroutines, each on its own OS thread). The same cycles run
 // against an in-memory go-fuse filesystem (the FUSE ceiling), against the
-// durable-write floor (fsync, rename, directory fsync), against embedded
+// same filesystem committing every change with a group-committed fdatasync
+// (the durable ceiling), against the durable-write floors (pwrite +
+// fdatasync; temporary file, fsync, rename, directory fsync), against embedded
 // etcd (concurrency.Mutex) and against two private redis-server instances
 // (appendfsync always and everysec). Scale rows plant 100 to 100,000 live
 // leases in a fresh state directory and time the daemon's start, its

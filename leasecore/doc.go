@@ -26,11 +26,16 @@
 //
 // The file store ([OpenFileStore]) keeps one record per lease in
 // <state>/writer-leases/<lease-id>.toml with the field names of docs/PROTOCOL.md §4.3. Every
-// change is written to a temporary file, fsynced, renamed over the record and
-// the directory fsynced before the call returns. Mutations are serialised
-// across processes by an exclusive flock(2) on <state>/writer-leases/.lock;
-// readers such as "leasefs ls" take it shared. The daemon keeps an in-memory
-// index so that reserving a name does not read every record.
+// change is appended to the journal (journal.0, journal.1) and is durable
+// before the call returns: one fdatasync(2) covers every change that arrived
+// while the previous one ran (group commit). The record files are written
+// behind from the journal and synced by checkpoints; readers replay the
+// journal, so they never see the lag (docs/PROTOCOL.md §4.3,
+// docs/ARCHITECTURE.md "Group commit in the file store"). Record writes are
+// serialised across processes by an exclusive flock(2) on
+// <state>/writer-leases/.lock; readers such as "leasefs ls" take it shared.
+// The daemon keeps an in-memory index so that reserving a name does not read
+// every record.
 //
 // # Time
 //

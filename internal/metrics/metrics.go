@@ -99,7 +99,7 @@ func New(opts Options) *Registry {
 		}),
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "leasefs_store_commit_duration_seconds",
-			Help:    "How long a durable change of the lease store took (write, fsync, rename, directory fsync).",
+			Help:    "How long a store call that changed something took to make it durable: on the file store the wait for its journal commit, on the etcd store the round trip of its transaction.",
 			Buckets: commitBuckets,
 		}),
 	}
