@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,7 +31,8 @@ const (
 	// -E sets another).
 	exitConflict = 1
 	// exitLost: the lease was lost while the command ran (the daemon stopped
-	// or lost its store); the command was sent SIGTERM, then SIGKILL.
+	// or lost its store); the command and every process it started were
+	// sent SIGTERM, then SIGKILL.
 	exitLost = 4
 	// exitCannotRun and exitNotFound: the command was found but could not
 	// be run, or was not found; the shell's and timeout(1)'s 126 and 127,
@@ -63,7 +65,7 @@ type lockOptions struct {
 func newLockCmd(stdout, stderr io.Writer) *cobra.Command {
 	var o lockOptions
 	cmd := &cobra.Command{
-		Use:   "lock [-n | -w DURATION] [-E CODE] [--mount DIR] NAME -- CMD [ARG...]",
+		Use:   "lock [-n | -w DURATION] [-E CODE] [--grace DURATION] [--mount DIR] NAME -- CMD [ARG...]",
 		Short: "Run a command while holding a handle lease on NAME (like flock(1))",
 		Long: `Run CMD while holding a handle lease on NAME, the lease file NAME under
 the mount: the lease lives exactly as long as CMD, and ends even if CMD is
@@ -74,11 +76,13 @@ environment, and does not inherit the locked descriptor.
 Without -n or -w, lock waits first come first served until NAME is free.
 It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
 conflict (-n) or timeout (-w; -w 0 does not wait); 127 when CMD is not
-found and 126 when it cannot be run (as a shell); 4 when the lease was lost
-while CMD ran (the daemon stopped or lost its store): CMD then gets SIGTERM,
-and SIGKILL after --grace. Signals sent to lock are passed on to CMD; one
-that arrives while lock waits ends the wait (128+N). If lock is killed, CMD
-is killed with it.
+found and 126 when it cannot be run (as a shell; a script without #! runs
+with /bin/sh); 4 when the lease was lost while CMD ran (the daemon stopped
+or lost its store): CMD and every process it started then get SIGTERM, and
+SIGKILL after --grace. Signals sent to lock are passed on to CMD; one that
+arrives while lock waits ends the wait (128+N). If lock is killed, CMD is
+killed with it (SIGKILL); processes CMD started are not, so let CMD do its
+work itself or exec it.
 
 The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
 daemon serving the default state directory.`,
@@ -207,14 +211,21 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	if err != nil {
 		return 0, fmt.Errorf("cannot read the lease of %s: %w", path, err)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(),
+	// Processes the command leaves behind (a shell's children, once the
+	// shell is gone) become this process's children instead of init's, so
+	// that a lost lease stops them too (stopTree).
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	env := append(os.Environ(),
 		"LEASEFS_RESOURCE="+st["resource"], "LEASEFS_LEASE_ID="+st["lease_id"], "LEASEFS_GENERATION="+st["generation"])
-	// If lock itself dies (SIGKILL), its descriptor closes and the lease
-	// ends: the command must not run on without it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	cmd := command(argv, env)
+	err = cmd.Start()
+	if errors.Is(err, syscall.ENOEXEC) {
+		// A script without a #! line: run it with /bin/sh, as execvp(3)
+		// and so flock(1) and a shell do.
+		cmd = command(append([]string{"/bin/sh", cmd.Path}, argv[1:]...), env)
+		err = cmd.Start()
+	}
+	if err != nil {
 		// The lease ends with the descriptor, closed on return.
 		fmt.Fprintf(stderr, "leasefs: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -235,17 +246,81 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		case <-check.C:
 			if _, err := readStatus(fd); err != nil && lostLease(err) {
 				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s\n", name, err, argv[0])
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-exited:
-				case <-time.After(o.grace):
-					_ = cmd.Process.Kill()
-					<-exited
-				}
+				stopTree(exited, o.grace)
 				return exitLost, nil
 			}
 		}
 	}
+}
+
+// command returns the command of argv with env, wired to this process's
+// standard files. If lock itself dies (SIGKILL), its descriptor closes and
+// the lease ends: the command gets SIGKILL with it (a parent-death signal).
+func command(argv, env []string) *exec.Cmd {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// stopTree stops the command and every process it started, once the lease
+// is lost: SIGTERM to each, then, after grace (or at once if all are gone
+// sooner), SIGKILL to whatever is left. exited is closed once the command
+// itself has been reaped. Descendants are found through /proc; those the
+// command left behind are this process's children (a child subreaper,
+// prctl(2) PR_SET_CHILD_SUBREAPER), so none escapes by being orphaned.
+func stopTree(exited <-chan struct{}, grace time.Duration) {
+	self := os.Getpid()
+	for _, pid := range descendants(self) {
+		_ = unix.Kill(pid, unix.SIGTERM)
+	}
+	deadline := time.Now().Add(grace)
+	for len(descendants(self)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, pid := range descendants(self) {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	<-exited
+}
+
+// descendants returns the live (not zombie) processes below pid, read from
+// /proc/*/stat.
+func descendants(pid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := make(map[int][]int)
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(data[i+1:]))
+		if len(f) < 2 || f[0] == "Z" {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], p)
+		}
+	}
+	var out []int
+	for queue := children[pid]; len(queue) > 0; queue = queue[1:] {
+		out = append(out, queue[0])
+		queue = append(queue, children[queue[0]]...)
+	}
+	return out
 }
 
 // checkLockName refuses a NAME that is not a lease name under the mount:
@@ -376,6 +451,13 @@ func takeLock(ctx context.Context, fd int, o lockOptions, sigs <-chan os.Signal,
 		*sig = s
 		return abandon(errors.New("interrupted by " + s.String()))
 	case <-ctx.Done():
+		// The context ends on SIGINT or SIGTERM, which sigs hears too: the
+		// exit code names the one that came (128 + N).
+		select {
+		case s := <-sigs:
+			*sig = s
+		case <-time.After(100 * time.Millisecond):
+		}
 		return abandon(ctx.Err())
 	}
 }

@@ -81,6 +81,15 @@ exit 7`
 			t.Errorf("name still held after lock of %s failed to run it: %v", cmd, err)
 		}
 	}
+	// An executable script without a #! line runs with /bin/sh, as
+	// execvp(3), flock(1) and a shell run it.
+	noShebang := filepath.Join(t.TempDir(), "noshebang")
+	if err := os.WriteFile(noShebang, []byte("echo ran-by-sh\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if r := lockCmd(t, nil, "--mount", d.mountpoint, "job", "--", noShebang); r.code != 3 || !strings.Contains(r.stdout, "ran-by-sh") {
+		t.Errorf("lock of a script without #!: %s\nwant exit 3 and its output", r)
+	}
 	// A command killed by a signal: 128 + N, as a shell reports it.
 	if r := lockCmd(t, nil, "--mount", d.mountpoint, "job", "--", "bash", "-c", "kill -9 $$"); r.code != 128+9 {
 		t.Errorf("lock of a command killed by SIGKILL exit = %d, want 137", r.code)
@@ -147,6 +156,40 @@ func TestLockLostLease(t *testing.T) {
 	r := p.wait(20 * time.Second)
 	if r.code != 4 || !strings.Contains(r.stdout, "got-term") || !strings.Contains(r.stderr, "lost") {
 		t.Fatalf("lock whose daemon stopped: exit %d, want 4 after the command got SIGTERM: %s", r.code, r)
+	}
+}
+
+// When the lease is lost, what the command started stops with it: a child
+// that the command left behind when SIGTERM ended it, and one that ignores
+// SIGTERM (killed once --grace has passed).
+func TestLockLostLeaseStopsTheCommandsChildren(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	p := startProc(t, nil, leasefsBin, "lock", "--grace", "1s", "--mount", d.mountpoint, "tree", "--", "bash", "-c",
+		`sleep 300 & echo "child $!"; (trap '' TERM; exec sleep 301) & echo "child $!"; echo running; wait`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	var pids []int
+	for _, m := range regexp.MustCompile(`(?m)^child (\d+)$`).FindAllStringSubmatch(p.stdout.String(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		pids = append(pids, pid)
+	}
+	if len(pids) != 2 {
+		t.Fatalf("want two children of the command: %s", p)
+	}
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	d.stop(true)
+	if r := p.wait(20 * time.Second); r.code != 4 {
+		t.Fatalf("lock whose daemon stopped: exit %d, want 4: %s", r.code, r)
+	}
+	for _, pid := range pids {
+		eventually(t, 5*time.Second, fmt.Sprintf("child %d of the command is gone", pid), func() (bool, string) {
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || strings.Contains(string(st), ") Z "), string(st)
+		})
 	}
 }
 
@@ -248,7 +291,10 @@ func TestLockRefusesAndInterrupts(t *testing.T) {
 	d := startDaemon(t, daemonOpts{})
 	p := filepath.Join(d.mountpoint, "n")
 	lockHolder(t, d, "n")
-	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGQUIT} {
+	// SIGINT and SIGTERM also end the command's context: several rounds,
+	// since which of the two a wait sees first is up to the scheduler.
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGQUIT,
+		syscall.SIGTERM, syscall.SIGINT, syscall.SIGTERM, syscall.SIGINT, syscall.SIGTERM, syscall.SIGINT} {
 		w := startProc(t, nil, leasefsBin, "lock", "--mount", d.mountpoint, "n", "--", "echo", "RAN")
 		waitWaiters(t, p, 1)
 		w.signal(sig)
