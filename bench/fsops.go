@@ -141,18 +141,19 @@ func (g *grantLog) add(r grantRec) {
 // still waiting (a barging grant). Grants are ordered by the client-side
 // times, so this is approximate: the daemon queues a waiter a little after
 // it asks.
-func (g *grantLog) summary(from time.Time) (p99Wait, meanHold time.Duration, barged float64) {
+func (g *grantLog) summary(from time.Time) (p99Wait, meanWait, meanHold time.Duration, barged float64) {
 	g.mu.Lock()
 	recs := slices.Clone(g.recs)
 	g.mu.Unlock()
 	recs = slices.DeleteFunc(recs, func(r grantRec) bool { return r.asked.Before(from) })
 	if len(recs) == 0 {
-		return 0, 0, 0
+		return 0, 0, 0, 0
 	}
 	waits := make([]time.Duration, len(recs))
-	var hold time.Duration
+	var wait, hold time.Duration
 	for i, r := range recs {
 		waits[i] = r.granted.Sub(r.asked)
+		wait += waits[i]
 		hold += r.hold
 	}
 	slices.SortFunc(recs, func(a, b grantRec) int { return a.granted.Compare(b.granted) })
@@ -168,7 +169,8 @@ func (g *grantLog) summary(from time.Time) (p99Wait, meanHold time.Duration, bar
 			minAsked = recs[i].asked
 		}
 	}
-	return quantile(waits, 0.99), hold / time.Duration(len(recs)), float64(n) / float64(len(recs))
+	n64 := time.Duration(len(recs))
+	return quantile(waits, 0.99), wait / n64, hold / n64, float64(n) / float64(len(recs))
 }
 
 // queueCycle is row 1d: every client opens the SAME name, blocks in
@@ -211,19 +213,21 @@ func (b *bench) queueRow(id, name, mp string) error {
 		if err != nil {
 			return fmt.Errorf("%s, %d clients: %w", id, n, err)
 		}
-		p99w, hold, barged := g.summary(started.Add(b.cfg.warmup))
-		ratio := 0.0
+		p99w, meanw, hold, barged := g.summary(started.Add(b.cfg.warmup))
+		ratio, meanRatio := 0.0, 0.0
 		if hold > 0 {
 			ratio = float64(p99w) / float64(hold)
+			meanRatio = float64(meanw) / float64(hold)
 		}
-		note := fmt.Sprintf("failed %d; p99 wait %s / mean hold %s = %.1f; barging grants %.1f%%",
-			res.failed, fmtDur(p99w), fmtDur(hold), ratio, 100*barged)
+		note := fmt.Sprintf("failed %d; p99 wait %s / mean hold %s = %.1f (mean wait %.1f holds); barging grants %.1f%%",
+			res.failed, fmtDur(p99w), fmtDur(hold), ratio, meanRatio, 100*barged)
 		if res.failed > 0 {
 			note += fmt.Sprintf(" (first: %v)", res.firstErr)
 		}
 		b.rows = append(b.rows, row{id: id, name: name, clients: n, ops: res.ops, p50: res.p50, p99: res.p99, note: note})
 		b.extras[fmt.Sprintf("%s.failed.%d", id, n)] = float64(res.failed)
 		b.extras[fmt.Sprintf("%s.waithold.%d", id, n)] = ratio
+		b.extras[fmt.Sprintf("%s.meanwaithold.%d", id, n)] = meanRatio
 		b.logf("%-3s %-44s %2d clients: %9.0f ops/s  p50 %-9s p99 %-9s %s", id, name, n, res.ops,
 			fmtDur(res.p50), fmtDur(res.p99), note)
 	}

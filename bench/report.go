@@ -143,7 +143,7 @@ func (b *bench) targets() []target {
 		b.compare("one name, 16 clients, best reachable: durable ceiling (3g) / etcd (5s)", "3g", 16, "5s", 16),
 		b.extra("one name, 16 clients: failed calls (1d)", "1d.failed.16", 1, "", 0, true),
 		b.extra("one name, 16 clients: p99 wait / mean hold (1d)", "1d.waithold.16", 1, "", 20, true),
-		info(b.extra("one name, 16 clients, best reachable: p99 wait / mean hold of the durable ceiling (3g)", "3g.waithold.16", 1, "", 0, true)),
+		info(b.extra("one name, 16 clients, best reachable: mean (not p99) wait / mean hold on the durable ceiling (3g), strictly first come, first served", "3g.meanwaithold.16", 1, "", 0, true)),
 		b.extra("100k leases: daemon restart (record cache)", "7.start.100000", 1, " s", 1, true),
 		info(b.extra("100k leases: first daemon start (no record cache)", "7.firststart.100000", 1, " s", 0, true)),
 		b.extra("100k leases: daemon RSS after start", "7.rss.100000", 1.0/(1<<20), " MiB", 100, true),
@@ -336,7 +336,10 @@ func (r report) markdown() []byte {
 		"(reservation, flock, unlock), a hand-over in the queue two (the end and the grant). The kernel holds a directory's " +
 		"lock across each create and unlink in it, so across the commit the daemon makes before it answers: in one directory " +
 		"those commits run one after another, whatever the daemon does. A target above its best reachable value is out of " +
-		"reach on this machine, whatever the store does.\n")
+		"reach on this machine, whatever the store does. The p99 wait of a queue is bounded the other way: 16 clients that " +
+		"queue again as soon as they unlock, served strictly first come, first served, each wait for the 15 ahead of them, " +
+		"holds and hand-overs, so even the mean wait of the durable ceiling (3g) is many holds; a p99 wait of at most 20 " +
+		"mean holds is out of reach when that mean already exceeds 20.\n")
 	b.WriteString("\n## Results\n\n![throughput against clients](bench/throughput.svg)\n\n")
 	b.WriteString("| id | workload | clients | ops/s | p50 | p99 | notes |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n")
 	for _, x := range r.rows {
