@@ -76,6 +76,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, daemonlock.ErrHeld):
 		return exitHeld
 	}
+	var fw failedWith
+	if errors.As(err, &fw) {
+		return fw.code
+	}
 	return exitError
 }
 

@@ -39,7 +39,26 @@ const (
 	// so that neither reads as a conflict.
 	exitCannotRun = 126
 	exitNotFound  = 127
+	// exitNoInput: NAME could not be opened — no leasefs mount was given or
+	// found, NAME's namespace does not exist, NAME is a directory —
+	// flock(1)'s EX_NOINPUT (sysexits.h), so that it does not read as a
+	// conflict.
+	exitNoInput = 66
+	// exitUnavailable: the lock or the lease could not be taken or read
+	// for a reason other than a conflict (the daemon stopped or failed
+	// during the wait): sysexits.h's EX_UNAVAILABLE.
+	exitUnavailable = 69
 )
+
+// failedWith is an error of lock that is printed and ends the command
+// with code.
+type failedWith struct {
+	err  error
+	code int
+}
+
+func (e failedWith) Error() string { return e.err.Error() }
+func (e failedWith) Unwrap() error { return e.err }
 
 // lockCheckEvery is how often "leasefs lock" checks, through its locked
 // descriptor, that the lease still holds while the command runs.
@@ -77,7 +96,10 @@ Without -n or -w, lock waits first come first served until NAME is free.
 It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
 conflict (-n) or timeout (-w; -w 0 does not wait); 127 when CMD is not
 found and 126 when it cannot be run (as a shell; a script without #! runs
-with /bin/sh); 4 when the lease was lost while CMD ran (the daemon stopped
+with /bin/sh); 66 when NAME cannot be opened (no leasefs mount, a missing
+namespace, a directory; flock(1)'s code); 69 when the lock could not be
+taken for another reason than a conflict (the daemon stopped during the
+wait); 4 when the lease was lost while CMD ran (the daemon stopped
 or lost its store): CMD and every process it started then get SIGTERM, and
 SIGKILL after --grace. Signals sent to lock are passed on to CMD; one that
 arrives while lock waits ends the wait (128+N). If lock is killed, CMD is
@@ -164,10 +186,14 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	}
 	mnt, err := lockMount(o.mount)
 	if err != nil {
-		return 0, err
+		var ue usageError
+		if errors.As(err, &ue) {
+			err = ue.error
+		}
+		return 0, failedWith{err, exitNoInput}
 	}
 	if err := checkLeasefsMount(mnt); err != nil {
-		return 0, err
+		return 0, failedWith{err, exitNoInput}
 	}
 	path := filepath.Join(mnt, name)
 	// The command is started from this goroutine's thread, which is kept
@@ -183,7 +209,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	// is reserved by this open file and the lock binds it.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return 0, fmt.Errorf("cannot open %s: %w", path, err)
+		return 0, failedWith{fmt.Errorf("cannot open %s: %w", path, err), exitNoInput}
 	}
 	defer unix.Close(fd)
 	var sig os.Signal
@@ -199,7 +225,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		fmt.Fprintf(stderr, "leasefs: %s still held after %s\n", name, o.wait)
 		return o.conflict, nil
 	case err != nil:
-		return 0, fmt.Errorf("cannot lock %s: %w", path, err)
+		return 0, failedWith{fmt.Errorf("cannot lock %s: %w", path, err), exitUnavailable}
 	}
 	// The lease ends before lock exits, however it exits: the unlock is
 	// answered once the daemon has ended the lease, while the release that
@@ -209,7 +235,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	defer func() { _ = unix.Flock(fd, unix.LOCK_UN) }()
 	st, err := readStatus(fd)
 	if err != nil {
-		return 0, fmt.Errorf("cannot read the lease of %s: %w", path, err)
+		return 0, failedWith{fmt.Errorf("cannot read the lease of %s: %w", path, err), exitUnavailable}
 	}
 	// Processes the command leaves behind (a shell's children, once the
 	// shell is gone) become this process's children instead of init's, so

@@ -193,6 +193,20 @@ func TestLockLostLeaseStopsTheCommandsChildren(t *testing.T) {
 	}
 }
 
+// A wait that the daemon's stop ends exits 69 (EX_UNAVAILABLE): the lock
+// was not taken, and not because of a conflict.
+func TestLockWaitEndedByDaemonStop(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	lockHolder(t, d, "gone")
+	waiter := startProc(t, nil, leasefsBin, "lock", "-w", "30s", "-E", "75", "--mount", d.mountpoint, "gone", "--", "echo", "RAN")
+	waitWaiters(t, filepath.Join(d.mountpoint, "gone"), 1)
+	d.stop(true)
+	if r := waiter.wait(20 * time.Second); r.code != 69 || strings.Contains(r.stdout, "RAN") {
+		t.Fatalf("waiting lock whose daemon stopped: %s\nwant exit 69 and the command not run", r)
+	}
+}
+
 // Signals sent to lock reach the command.
 func TestLockForwardsSignals(t *testing.T) {
 	t.Parallel()
@@ -316,8 +330,22 @@ func TestLockRefusesAndInterrupts(t *testing.T) {
 			t.Errorf("lock %q: exit %d, want usage 2: %s", args, r.code, r)
 		}
 	}
-	if r := lockCmd(t, nil, "--mount", outside, "foo", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "not a leasefs mount") {
+	// A NAME that cannot be opened exits 66 (flock(1)'s EX_NOINPUT), not 1,
+	// which -n and -w give a conflict.
+	if r := lockCmd(t, nil, "--mount", outside, "foo", "--", "true"); r.code != 66 || !strings.Contains(r.stderr, "not a leasefs mount") {
 		t.Errorf("lock in a directory that is no leasefs mount: %s", r)
+	}
+	if err := os.Mkdir(filepath.Join(d.mountpoint, "ns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"nons/job", "ns"} {
+		if r := lockCmd(t, nil, "-n", "-E", "75", "--mount", d.mountpoint, name, "--", "true"); r.code != 66 || !strings.Contains(r.stderr, "cannot open") {
+			t.Errorf("lock of %s (a missing namespace, a namespace): %s\nwant exit 66", name, r)
+		}
+	}
+	noDaemon := []string{"LEASEFS_MOUNT=", "LEASEFS_STATE=" + t.TempDir()}
+	if r := lockCmd(t, noDaemon, "job", "--", "true"); r.code != 66 || !strings.Contains(r.stderr, "cannot find the leasefs mount") {
+		t.Errorf("lock with no mount given and none served: %s\nwant exit 66", r)
 	}
 	if entries, _ := os.ReadDir(outside); len(entries) != 0 || fileExists(filepath.Join(filepath.Dir(d.mountpoint), "escape")) {
 		t.Errorf("lock created files outside the mount: %v", entries)
