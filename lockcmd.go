@@ -270,6 +270,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		case s := <-sigs:
 			_ = cmd.Process.Signal(s)
 		case <-check.C:
+			reapOrphans(cmd.Process.Pid)
 			if _, err := readStatus(fd); err != nil && lostLease(err) {
 				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s\n", name, err, argv[0])
 				stopTree(exited, o.grace)
@@ -311,42 +312,61 @@ func stopTree(exited <-chan struct{}, grace time.Duration) {
 	<-exited
 }
 
-// descendants returns the live (not zombie) processes below pid, read from
-// /proc/*/stat.
+// descendants returns the live (not zombie) processes below pid, found
+// through /proc/PID/task/TID/children (proc(5)).
 func descendants(pid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	children := make(map[int][]int)
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid …: comm may hold spaces and parentheses.
-		i := bytes.LastIndexByte(data, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		if ppid, err := strconv.Atoi(f[1]); err == nil {
-			children[ppid] = append(children[ppid], p)
-		}
-	}
 	var out []int
-	for queue := children[pid]; len(queue) > 0; queue = queue[1:] {
-		out = append(out, queue[0])
-		queue = append(queue, children[queue[0]]...)
+	for queue := children(pid); len(queue) > 0; queue = queue[1:] {
+		p := queue[0]
+		if !zombie(p) {
+			out = append(out, p)
+		}
+		queue = append(queue, children(p)...)
 	}
 	return out
+}
+
+// children returns the children of every thread of process pid.
+func children(pid int) []int {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var out []int
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for f := range strings.FieldsSeq(string(data)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// zombie reports whether process pid has exited and waits to be reaped
+// (or is gone).
+func zombie(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) state …: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(data, ')')
+	f := strings.Fields(string(data[i+1:]))
+	return i < 0 || len(f) == 0 || f[0] == "Z" || f[0] == "X"
+}
+
+// reapOrphans reaps the children of this process that have exited, but for
+// the command itself (cmdPID, which its exec.Cmd waits for): the processes
+// the command left behind and that became this child subreaper's children.
+func reapOrphans(cmdPID int) {
+	for _, c := range children(os.Getpid()) {
+		if c != cmdPID {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(c, &ws, unix.WNOHANG, nil)
+		}
+	}
 }
 
 // checkLockName refuses a NAME that is not a lease name under the mount:

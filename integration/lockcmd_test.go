@@ -159,6 +159,19 @@ func TestLockLostLease(t *testing.T) {
 	}
 }
 
+// Processes the command leaves behind become lock's children (so that a
+// lost lease can stop them); lock reaps those that exit, so a long command
+// that keeps starting background processes leaves no zombies behind.
+func TestLockReapsTheCommandsOrphans(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	r := lockCmd(t, nil, "--mount", d.mountpoint, "orphans", "--", "bash", "-c",
+		`for i in $(seq 20); do (sleep 0.01 &); done; sleep 1.5; echo "zombies $(ps -o stat= --ppid $PPID | grep -c Z)"`)
+	if r.code != 0 || !strings.Contains(r.stdout, "zombies 0") {
+		t.Fatalf("lock of a command that orphans 20 short processes: %s\nwant none left as zombies of lock", r)
+	}
+}
+
 // When the lease is lost, what the command started stops with it: a child
 // that the command left behind when SIGTERM ended it, and one that ignores
 // SIGTERM (killed once --grace has passed).
