@@ -266,6 +266,14 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	for {
 		select {
 		case <-exited:
+			// The lease may have been lost while the command ran, since the
+			// last check: then its work was not covered (exit 4), and what
+			// it left running is stopped as below.
+			if _, err := readStatus(fd); err != nil && lostLease(err) {
+				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v) before %s ended\n", name, err, argv[0])
+				stopTree(exited, o.grace)
+				return exitLost, nil
+			}
 			return waitStatus(cmd.ProcessState), nil
 		case s := <-sigs:
 			_ = cmd.Process.Signal(s)
@@ -293,10 +301,12 @@ func command(argv, env []string) *exec.Cmd {
 
 // stopTree stops the command and every process it started, once the lease
 // is lost: SIGTERM to each, then, after grace (or at once if all are gone
-// sooner), SIGKILL to whatever is left. exited is closed once the command
-// itself has been reaped. Descendants are found through /proc; those the
-// command left behind are this process's children (a child subreaper,
-// prctl(2) PR_SET_CHILD_SUBREAPER), so none escapes by being orphaned.
+// sooner), SIGKILL to whatever is left, again and again until nothing is
+// left, so that a process forked meanwhile is killed too. exited is closed
+// once the command itself has been reaped. Descendants are found through
+// /proc; those the command left behind are this process's children (a
+// child subreaper, prctl(2) PR_SET_CHILD_SUBREAPER), so none escapes by
+// being orphaned.
 func stopTree(exited <-chan struct{}, grace time.Duration) {
 	self := os.Getpid()
 	for _, pid := range descendants(self) {
@@ -306,11 +316,20 @@ func stopTree(exited <-chan struct{}, grace time.Duration) {
 	for len(descendants(self)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	for _, pid := range descendants(self) {
-		_ = unix.Kill(pid, unix.SIGKILL)
+	// A process in uninterruptible sleep dies only when it wakes: give up
+	// on those after killLinger rather than spin.
+	for left, until := descendants(self), time.Now().Add(killLinger); len(left) > 0 && time.Now().Before(until); left = descendants(self) {
+		for _, pid := range left {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	<-exited
 }
+
+// killLinger bounds how long stopTree keeps killing processes that are
+// still alive after their SIGKILL.
+const killLinger = 5 * time.Second
 
 // descendants returns the live (not zombie) processes below pid, found
 // through /proc/PID/task/TID/children (proc(5)).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -217,6 +218,74 @@ func TestLockWaitEndedByDaemonStop(t *testing.T) {
 	d.stop(true)
 	if r := waiter.wait(20 * time.Second); r.code != 69 || strings.Contains(r.stdout, "RAN") {
 		t.Fatalf("waiting lock whose daemon stopped: %s\nwant exit 69 and the command not run", r)
+	}
+}
+
+// A command that keeps forking processes that ignore SIGTERM while its
+// lease is lost leaves none behind: lock kills until nothing is left below
+// it.
+func TestLockLostLeaseKillsWhatForksMeanwhile(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	const marker = "3017.25"
+	t.Cleanup(func() { killWithArg(marker) })
+	p := startProc(t, nil, leasefsBin, "lock", "--grace", "500ms", "--mount", d.mountpoint, "forks", "--", "bash", "-c",
+		`trap "" TERM; echo running; while :; do (trap "" TERM; exec sleep `+marker+`) & sleep 0.002; done`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	d.stop(true)
+	if r := p.wait(30 * time.Second); r.code != 4 {
+		t.Fatalf("lock whose daemon stopped: exit %d, want 4: %s", r.code, r)
+	}
+	eventually(t, 5*time.Second, "no process of the command is left", func() (bool, string) {
+		left := procsWithArg(marker)
+		return len(left) == 0, fmt.Sprint(left)
+	})
+}
+
+// A command that ends just as its lease is lost: lock exits 4 (its work was
+// not covered to the end) and stops what the command left running.
+func TestLockLeaseLostAsTheCommandEnds(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	const marker = "3018.25"
+	t.Cleanup(func() { killWithArg(marker) })
+	p := startProc(t, []string{"M=" + d.mountpoint}, leasefsBin, "lock", "--grace", "1s", "--mount", d.mountpoint, "ends", "--", "bash", "-c",
+		`(sleep `+marker+` &); echo running; while grep -q " $M " /proc/self/mountinfo; do sleep 0.002; done; exit 0`)
+	p.expect(`(?m)^running$`, holdTimeout)
+	d.stop(true)
+	if r := p.wait(20 * time.Second); r.code != 4 || !strings.Contains(r.stderr, "lost") {
+		t.Fatalf("lock whose command ended as the daemon stopped: %s\nwant exit 4", r)
+	}
+	eventually(t, 5*time.Second, "the command's background process is gone", func() (bool, string) {
+		left := procsWithArg(marker)
+		return len(left) == 0, fmt.Sprint(left)
+	})
+}
+
+// procsWithArg returns the live processes with arg among their arguments.
+func procsWithArg(arg string) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !slices.Contains(strings.Split(string(cmdline), "\x00"), arg) {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && !strings.Contains(string(st), ") Z ") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// killWithArg kills the processes procsWithArg finds, after a test.
+func killWithArg(arg string) {
+	for _, pid := range procsWithArg(arg) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
