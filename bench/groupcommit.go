@@ -122,8 +122,11 @@ type history struct {
 
 	mu      sync.Mutex
 	pending []uint64 // inode numbers of leases ended since the last write
-	kept    []string // record files written, oldest first
-	seq     uint64
+
+	// kept (the record files written, oldest first) and seq belong to the
+	// writing goroutine alone.
+	kept []string
+	seq  uint64
 }
 
 // newHistory creates dir and starts writing behind until ctx ends.
