@@ -252,7 +252,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		err = cmd.Start()
 	}
 	if err != nil {
-		// The lease ends with the descriptor, closed on return.
+		// The lease ends by the deferred unlock.
 		fmt.Fprintf(stderr, "leasefs: cannot run %s: %v\n", argv[0], err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitNotFound, nil
@@ -261,6 +261,13 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	// lost stops the command's tree once the lease is found lost (err),
+	// while it ran or as it ended, and returns exitLost.
+	lost := func(err error) int {
+		fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s and what it started\n", name, err, argv[0])
+		stopTree(exited, o.grace)
+		return exitLost
+	}
 	check := time.NewTicker(lockCheckEvery)
 	defer check.Stop()
 	for {
@@ -270,9 +277,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 			// last check: then its work was not covered (exit 4), and what
 			// it left running is stopped as below.
 			if _, err := readStatus(fd); err != nil && lostLease(err) {
-				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v) before %s ended\n", name, err, argv[0])
-				stopTree(exited, o.grace)
-				return exitLost, nil
+				return lost(err), nil
 			}
 			return waitStatus(cmd.ProcessState), nil
 		case s := <-sigs:
@@ -280,9 +285,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		case <-check.C:
 			reapOrphans(cmd.Process.Pid)
 			if _, err := readStatus(fd); err != nil && lostLease(err) {
-				fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s\n", name, err, argv[0])
-				stopTree(exited, o.grace)
-				return exitLost, nil
+				return lost(err), nil
 			}
 		}
 	}
