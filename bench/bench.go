@@ -363,7 +363,7 @@ func (b *bench) runAll() error {
 	groups := []func() error{
 		b.leasefsRows, // 1a–1d and the kill-to-grant row (8)
 		b.storeRows,   // 2
-		b.memfsRows,   // 3a, 3c
+		b.memfsRows,   // 3a–3c, and 3d–3g on the durable ceiling
 		b.floorRows,   // 4r, 4f
 		b.etcdRows,    // 5d, 5s
 		b.redisRows,   // 6a, 6e
