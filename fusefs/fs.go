@@ -43,7 +43,8 @@ type Options struct {
 // token vault), sizes (status document lengths), dirInos (namespace inode
 // numbers), posix (fcntl lock owners), flushes (lock owners of the FLUSH
 // requests in flight), unlinked (leases being ended by an unlink), lookups (the
-// lease each thread last looked up). Lock order:
+// lease each thread last looked up), parked (interrupted lock waits kept for
+// their restart). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -62,6 +63,11 @@ type FS struct {
 	flushes  flushOwners
 	unlinked unlinkedLeases
 	lookups  threadLookups
+	parked   parkedWaits
+
+	// afterFunc starts the timer of a parked lock wait: time.AfterFunc
+	// outside tests.
+	afterFunc func(time.Duration, func()) interface{ Stop() bool }
 
 	// events is the store's change feed, subscribed to in New so that
 	// no end is missed before Run starts.
@@ -88,6 +94,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		log:        opts.Logger,
 		opts:       opts,
 		started:    time.Now(),
+		afterFunc:  afterFunc,
 	}
 	f.unlinked.wake = make(chan struct{}, 1)
 	f.drained, f.drain = context.WithCancel(context.Background())

@@ -212,8 +212,12 @@ func (h *leaseHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { r
 // fcntl lock taken through it that its owner has not released yet, as
 // complete: RELEASE comes once, when the last descriptor of the open file
 // is closed, including by the kernel when the holder dies (docs/PROTOCOL.md §6).
+// A lock wait of this open file that an interrupt parked is abandoned.
 // Token leases are not touched.
 func (h *leaseHandle) Release(ctx context.Context) syscall.Errno {
+	for _, w := range h.fsys.parked.released(h) {
+		h.fsys.abandonWait(w)
+	}
 	h.mu.Lock()
 	id, bound, keys := h.id, h.bound, h.posixKeys
 	h.bound, h.posixKeys = false, nil

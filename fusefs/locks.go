@@ -20,7 +20,10 @@ type lockRequest struct {
 	c     caller
 	flock bool     // flock(2) rather than fcntl(2)
 	key   posixKey // fcntl only
-	block bool
+	owner uint64   // the lock owner FUSE reports
+	// interrupt, set for a blocking request (SETLKW), is the request
+	// context that the caller's FUSE_INTERRUPT ends.
+	interrupt context.Context
 }
 
 // Getlk answers fcntl(F_GETLK): the holder of a live lease on the name,
@@ -41,13 +44,16 @@ func (h *leaseHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock
 
 // Setlk takes or releases a lock without waiting (flock LOCK_NB, F_SETLK).
 func (h *leaseHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.setlk(ctx, owner, lk, flags, false)
+	return h.setlk(ctx, owner, lk, flags, nil)
 }
 
 // Setlkw takes a lock, waiting first come first served while another holds
-// the name (flock, F_SETLKW). A signal interrupts the wait with EINTR.
+// the name (flock, F_SETLKW). A signal interrupts the wait with EINTR, and
+// only the wait: ctx is the only request context whose interrupt reaches a
+// handler (see interrupt.go), so every other step of the request runs
+// without it.
 func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
-	return h.setlk(ctx, owner, lk, flags, true)
+	return h.setlk(context.WithoutCancel(ctx), owner, lk, flags, ctx)
 }
 
 // setlk maps a lock request onto handle leases (docs/PROTOCOL.md §6).
@@ -55,13 +61,50 @@ func (h *leaseHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLoc
 // holds the name and the caller will not wait; EINTR when a wait is
 // interrupted; EAGAIN while the daemon hands over to another; ESTALE,
 // ENOSPC, EIO from the store. A refused lock leaves nothing held: see
-// [leaseHandle.dropUnclaimed].
-func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, block bool) syscall.Errno {
-	errno := h.trySetlk(ctx, owner, lk, flags, block)
+// [leaseHandle.dropUnclaimed]. A blocking request (SETLKW) has a non-nil
+// interrupt, the request context that its FUSE_INTERRUPT ends; ctx is
+// never cancelled.
+func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, interrupt context.Context) syscall.Errno {
+	errno := h.trySetlk(ctx, owner, lk, flags, interrupt)
 	if errno != 0 {
 		h.dropUnclaimed()
 	}
 	return errno
+}
+
+// errInterrupted is the result of a blocking lock wait whose request was
+// interrupted before it was granted.
+var errInterrupted = errors.New("fusefs: lock wait interrupted")
+
+// wait acquires d for req's lock owner, first come, first served. It
+// resumes the owner's wait that an interrupt parked, if its restart window
+// has not passed, so that a request the kernel restarts after a signal
+// (SA_RESTART) keeps its place in the queue (docs/PROTOCOL.md §6,
+// "Interrupted waits"). When req.interrupt ends (FUSE_INTERRUPT) before the
+// grant, the wait is parked and wait returns errInterrupted: nothing is
+// held by this request. A grant that came first is returned even when the
+// interrupt came too.
+func (h *leaseHandle) wait(d leasecore.Draft, req lockRequest) (leasecore.Grant, error) {
+	f := h.fsys
+	owner := waitOwner{h: h, owner: req.owner}
+	w := f.parked.resume(owner)
+	if w == nil {
+		w = f.startWait(d)
+	}
+	select {
+	case <-w.done:
+	case <-req.interrupt.Done():
+		select {
+		case <-w.done:
+		default:
+			f.parked.park(owner, w, restartWindow, f.afterFunc, f.abandonWait)
+			return leasecore.Grant{}, errInterrupted
+		}
+	}
+	if w.err == nil && f.opts.OnHandoff != nil {
+		f.opts.OnHandoff(time.Since(w.start))
+	}
+	return w.grant, w.err
 }
 
 // dropUnclaimed ends, as abandoned, the token lease that this open file
@@ -104,8 +147,8 @@ func (h *leaseHandle) dropUnclaimed() bool {
 }
 
 // trySetlk is setlk without the cleanup of a refusal.
-func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, block bool) syscall.Errno {
-	req := lockRequest{c: callerOf(ctx), flock: flags&fuse.FUSE_LK_FLOCK != 0, block: block}
+func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, interrupt context.Context) syscall.Errno {
+	req := lockRequest{c: callerOf(ctx), flock: flags&fuse.FUSE_LK_FLOCK != 0, owner: owner, interrupt: interrupt}
 	op := "fcntl"
 	if req.flock {
 		op = "flock"
@@ -203,9 +246,10 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 }
 
 // acquire reserves a new handle lease on the name for this open file;
-// when req.block and another holds the name, it waits in the store's first
+// when the request blocks and another holds the name, it waits in the store's first
 // come first served queue (docs/PROTOCOL.md §6) until that lease ends, the
-// caller is interrupted (EINTR) or the daemon drains (EAGAIN).
+// caller is interrupted (EINTR, see [leaseHandle.wait]) or the daemon
+// drains (EAGAIN).
 func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) syscall.Errno {
 	f := h.fsys
 	d := leasecore.Draft{
@@ -217,16 +261,10 @@ func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) s
 	}
 	var g leasecore.Grant
 	var err error
-	if req.block {
-		wait, cancel := context.WithCancel(ctx)
-		stop := context.AfterFunc(f.drained, cancel)
-		start := time.Now()
-		g, err = f.store.Acquire(wait, d)
-		if err == nil && f.opts.OnHandoff != nil {
-			f.opts.OnHandoff(time.Since(start))
+	if req.interrupt != nil {
+		if g, err = h.wait(d, req); errors.Is(err, errInterrupted) {
+			return f.refuse(op, h.resource, req.c, syscall.EINTR, "wait interrupted; its place in the queue is kept for a restart")
 		}
-		stop()
-		cancel()
 	} else {
 		g, err = f.store.Reserve(ctx, d)
 	}
@@ -250,8 +288,6 @@ func (h *leaseHandle) acquire(ctx context.Context, op string, req lockRequest) s
 		return 0
 	case f.draining.Load():
 		return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
-	case errors.Is(err, context.Canceled):
-		return f.refuse(op, h.resource, req.c, syscall.EINTR, "wait interrupted")
 	case errors.As(err, &held):
 		return f.refuse(op, h.resource, req.c, syscall.EWOULDBLOCK, "held by lease "+held.Holder.ID)
 	}

@@ -85,20 +85,27 @@ func TestFlockWaiterWokenByUnlock(t *testing.T) {
 	}
 }
 
-// An interrupted wait answers EINTR and leaves nothing reserved or queued.
+// An interrupted wait answers EINTR and leaves nothing reserved; its place
+// in the queue is kept until the restart window passes, then nothing is
+// queued either.
 func TestFlockWaitInterrupted(t *testing.T) {
 	e := newEnv(t, leasecore.Options{})
+	timers := &manualTimers{}
+	e.fsys.afterFunc = timers.after
 	n, _ := mustCreate(t, as(uidAlice), e.root, "q")
 	holder, _ := e.store.Live(context.Background(), "q")
 	h2 := openAs(t, n, uidBob, syscall.O_RDONLY)
 	ctx, interrupt := interruptible(uidBob)
-	got := make(chan syscall.Errno, 1)
-	go func() { got <- h2.Setlkw(ctx, 2, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK) }()
+	got := lockWaiter(ctx, h2, 2)
 	waitStoreWaiters(t, e.store, "q", 1)
 	interrupt()
-	if errno := <-got; errno != syscall.EINTR {
+	if errno := result(t, "interrupted flock", got); errno != syscall.EINTR {
 		t.Fatalf("interrupted flock = %v, want EINTR", errno)
 	}
+	if l, err := e.store.Live(context.Background(), "q"); err != nil || l.ID != holder.ID || l.Waiters != 1 {
+		t.Fatalf("within the restart window the lease is %+v, %v; want the holder's with its waiter's place kept", l, err)
+	}
+	timers.fire()
 	waitStoreWaiters(t, e.store, "q", 0)
 	if l, err := e.store.Live(context.Background(), "q"); err != nil || l.ID != holder.ID {
 		t.Fatalf("after an interrupted wait the lease is %+v, %v; want the holder's", l, err)

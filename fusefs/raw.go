@@ -19,7 +19,10 @@ type rawFS struct {
 var _ fuse.RawFileSystem = (*rawFS)(nil)
 
 // Flush passes the request on with its lock owner recorded, for
-// [leaseHandle.Flush].
-func (r *rawFS) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	return r.fsys.flushes.during(cancel, in.LockOwner, func() fuse.Status { return r.RawFileSystem.Flush(cancel, in) })
+// [leaseHandle.Flush]. The request's cancel channel is replaced by one of
+// its own that never closes: it keys the record, and a FLUSH is not cut
+// short by an interrupt (see interrupt.go).
+func (r *rawFS) Flush(_ <-chan struct{}, in *fuse.FlushIn) fuse.Status {
+	key := make(chan struct{})
+	return r.fsys.flushes.during(key, in.LockOwner, func() fuse.Status { return r.RawFileSystem.Flush(key, in) })
 }
