@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/pflag"
 
@@ -127,7 +126,7 @@ func (sf *storeFlags) options() (etcdstore.Options, error) {
 // the daemon serving state: its daemon identity is the host and the
 // absolute state directory, so that a restarted daemon ends only the
 // handle leases it left (docs/PROTOCOL.md §8a).
-func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error), error) {
+func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger, mount.StoreHooks) (leasecore.Store, error), error) {
 	eo, err := sf.options()
 	if err != nil {
 		return nil, err
@@ -136,10 +135,10 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(conte
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error) {
+	return func(ctx context.Context, log *slog.Logger, hooks mount.StoreHooks) (leasecore.Store, error) {
 		o := eo
 		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
-		o.Logger, o.OnCommit = log, onCommit
+		o.Logger, o.OnCommit, o.HandleHolders = log, hooks.OnCommit, hooks.HandleHolders
 		o.Host = leasecore.Hostname()
 		o.DaemonID = o.Host + ":" + state
 		s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)

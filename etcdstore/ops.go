@@ -618,9 +618,13 @@ func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.L
 		return l, err
 	}
 	s.mu.Lock()
-	kept := s.handles[id] != nil
+	h := s.handles[id]
+	if h != nil && h.previous != "" {
+		h.previous = "" // bound to an open file of this daemon now
+		l.Daemon, l.HolderPIDs = "", ""
+	}
 	s.mu.Unlock()
-	if kept {
+	if h != nil {
 		return l, nil
 	}
 	// The lease's etcd TTL may have been counting since its last renewal:

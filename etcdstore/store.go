@@ -62,9 +62,11 @@ type Options struct {
 	// that transaction's round trip). NoDaemon is ignored.
 	leasecore.Options
 	// DaemonID names this daemon among the daemons of its host (default
-	// the host): a store that opens ends the handle leases left by a
+	// the host): a store that opens settles the handle leases left by a
 	// previous daemon of the same Host and DaemonID, and no others
-	// (docs/PROTOCOL.md §8a). The mount passes its state directory.
+	// (docs/PROTOCOL.md §8a): those that Options.HandleHolders keeps have
+	// their etcd leases kept alive again, if the cluster still has them;
+	// the others are ended. The mount passes its state directory.
 	DaemonID string
 	// CallTimeout bounds each call to the cluster; default
 	// [DefaultCallTimeout]. A call that times out fails with an error
@@ -133,6 +135,11 @@ type handle struct {
 	// real monotonic clock (time.Now), not of Options.Clock: it is compared
 	// with etcd's own TTL countdown. Guarded by Store.mu; it only grows.
 	deadline time.Time
+	// previous, for a lease bound through a previous daemon's mount that
+	// this store kept at its start, is [leasecore.Lease.HolderPIDs]; ""
+	// once the lease binds to an open file of this daemon. Guarded by
+	// Store.mu.
+	previous string
 }
 
 // localMargin is how long before the cluster could expire an etcd lease of
@@ -289,13 +296,26 @@ func (s *Store) start(ctx context.Context) error {
 	}
 	if !s.opts.ReadOnly {
 		for _, r := range stale {
-			// Handle leases cannot outlive their open files, which died
-			// with the previous daemon (docs/PROTOCOL.md §2).
+			// A handle lease lives while its open file does, whoever
+			// serves it (docs/PROTOCOL.md §2): one still held is kept
+			// alive again, the others are ended.
+			reason := "handle lease of a previous daemon"
+			if pids := s.holders(r.l); len(pids) > 0 {
+				if s.resumeKeepAlive(ctx, r) {
+					s.mu.Lock()
+					if h := s.handles[r.l.ID]; h != nil {
+						h.previous = leasecore.FormatPIDs(pids)
+					}
+					s.mu.Unlock()
+					continue
+				}
+				reason = "its etcd lease expired while no daemon kept it alive"
+			}
 			if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err != nil && !errors.Is(err, errRaced) {
 				return err
 			}
 			s.opts.Logger.Info("lease ended", "resource", r.l.Resource, "lease", r.l.ID,
-				"status", leasecore.StatusAbandoned, "reason", "handle lease of a previous daemon")
+				"status", leasecore.StatusAbandoned, "reason", reason)
 		}
 		ka, err := s.grantSession(ctx)
 		if err != nil {
@@ -307,6 +327,42 @@ func (s *Store) start(ctx context.Context) error {
 	from := s.rev // before any goroutine can change it
 	s.wg.Go(func() { s.watch(from) })
 	return nil
+}
+
+// holders returns the processes that still hold the open file of handle
+// lease l ([leasecore.Options.HandleHolders]).
+func (s *Store) holders(l leasecore.Lease) []int {
+	if s.opts.HandleHolders == nil {
+		return nil
+	}
+	return s.opts.HandleHolders(l)
+}
+
+// resumeKeepAlive keeps alive again the etcd lease of handle lease r, left
+// by a previous daemon of this identity whose open file a process still
+// holds (docs/PROTOCOL.md §2, §8a), and reports whether the cluster still
+// had it: a daemon back within the TTL of the last keep-alive keeps the
+// lease, one away longer finds it expired.
+func (s *Store) resumeKeepAlive(ctx context.Context, r *rec) bool {
+	lid := clientv3.LeaseID(r.kv.Lease)
+	if lid == 0 {
+		return false
+	}
+	ttl := r.duration
+	if ttl <= 0 {
+		ttl = time.Duration(s.ttl) * time.Second
+	}
+	cctx, done := s.call(ctx)
+	sent := time.Now()
+	resp, err := s.cli.KeepAliveOnce(cctx, lid)
+	done()
+	if err != nil || resp.TTL <= 0 {
+		return false
+	}
+	s.keepAlive(r.l.ID, lid, sent, time.Duration(resp.TTL)*time.Second)
+	s.opts.Logger.Info("handle lease kept", "resource", r.l.Resource, "lease", r.l.ID,
+		"generation", r.l.Generation, "reason", "a process still holds the open file it was locked on")
+	return true
 }
 
 // grantSession grants a new session lease for waiter keys and starts its
@@ -574,6 +630,9 @@ func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
 	s.fill(&l, s.durationOf(r))
 	if l.Status == leasecore.StatusActive {
 		l.Waiters = int(waiters)
+		if h := s.handles[l.ID]; h != nil && h.previous != "" {
+			l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, h.previous
+		}
 	}
 	return l
 }

@@ -148,9 +148,31 @@ func TestTwoMountsShareLeases(t *testing.T) {
 	if l, err := a2.Live(ctx, "x"); err != nil || l.ID != h.Lease.ID {
 		t.Fatalf("a restarted daemon ended another daemon's handle lease: %+v, %v", l, err)
 	}
+	// A handle lease outlives its daemon while its open file lives
+	// (docs/PROTOCOL.md §2): closing B ends nothing, and B started again
+	// keeps the lease alive if a process still holds the open file, and
+	// ends it otherwise.
 	b.Close()
+	if l, err := a2.Live(ctx, "x"); err != nil || l.ID != h.Lease.ID {
+		t.Fatalf("B's handle lease after B closed: %+v, %v; want it live until its TTL", l, err)
+	}
+	b2 := openAt(t, srv, "/shared", etcdstore.Options{DaemonID: "b", Options: leasecore.Options{
+		HandleHolders: func(l leasecore.Lease) []int { return []int{4242} },
+	}})
+	l, err := b2.Live(ctx, "x")
+	if err != nil || l.ID != h.Lease.ID || l.Daemon != leasecore.DaemonPrevious || l.HolderPIDs != "4242" {
+		t.Fatalf("B restarted with the open file held: %+v, %v; want %s live, daemon %q, holder_pids 4242", l, err, h.Lease.ID, leasecore.DaemonPrevious)
+	}
+	if !b2.OwnsHandle(h.Lease.ID) {
+		t.Fatal("B restarted with the open file held does not keep the lease alive")
+	}
+	b2.Close()
+	b3 := openAt(t, srv, "/shared", etcdstore.Options{DaemonID: "b"})
+	if _, err := b3.Live(ctx, "x"); !errors.Is(err, leasecore.ErrNotFound) {
+		t.Fatalf("B restarted with the open file gone: %v, want the lease ended", err)
+	}
 	if _, err := a2.Live(ctx, "x"); !errors.Is(err, leasecore.ErrNotFound) {
-		t.Fatalf("B's handle lease after B closed: %v, want it ended", err)
+		t.Fatalf("A after B ended its lease: %v, want it ended", err)
 	}
 }
 

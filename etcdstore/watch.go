@@ -560,12 +560,13 @@ func (s *Store) prune(ctx context.Context) error {
 	return nil
 }
 
-// Close ends the handle leases this store keeps alive (their open files
-// die with the daemon, docs/PROTOCOL.md §8b) and revokes its session lease,
-// all at once and within one call timeout in all, then stops the watch,
-// the reaper and every keep-alive and ends every change feed. Further
-// calls return ErrClosed. Safe for concurrent use; a second Close is a
-// no-op.
+// Close revokes the session lease of this store's waiter keys within one
+// call timeout, then stops the watch, the reaper and every keep-alive and
+// ends every change feed. The handle leases it keeps alive are not ended:
+// each lives while its open file does (docs/PROTOCOL.md §2, §8a), and the
+// next daemon of this identity keeps its etcd lease alive again if it
+// starts within the TTL; otherwise the cluster expires it. Further calls
+// return ErrClosed. Safe for concurrent use; a second Close is a no-op.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -573,20 +574,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closing = true
-	var ids []string
-	for id := range s.handles {
-		ids = append(ids, id)
-	}
 	s.mu.Unlock()
 	ctx, done := s.call(context.Background())
 	var wg sync.WaitGroup
-	for _, id := range ids {
-		wg.Go(func() {
-			if _, err := s.End(ctx, id, leasecore.StatusAbandoned); err != nil && !errors.Is(err, leasecore.ErrInactive) {
-				s.opts.Logger.Warn("ending a handle lease at close; it expires by its TTL", "lease", id, "err", err)
-			}
-		})
-	}
 	if session := s.sessionID(); session != 0 {
 		wg.Go(func() { _, _ = s.cli.Revoke(ctx, session) })
 	}

@@ -24,10 +24,15 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOENT
 	case errors.Is(err, leasecore.ErrTokenMismatch):
 		return syscall.EACCES
-	case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
-		// A closed store belongs to a daemon that has handed over or is
-		// stopping: what the handle referred to is gone from this mount.
+	case errors.Is(err, leasecore.ErrInactive):
 		return syscall.ESTALE
+	case errors.Is(err, leasecore.ErrClosed):
+		// A closed store belongs to a daemon that has handed over or is
+		// stopping. The leases live on (a handle lease while its open
+		// file does): the caller gets what it will get once the daemon
+		// is gone, not ESTALE, which says the lease ended
+		// (docs/PROTOCOL.md §2, §9).
+		return syscall.ENOTCONN
 	case errors.Is(err, leasecore.ErrNameTooLong):
 		return syscall.ENAMETOOLONG
 	case errors.Is(err, leasecore.ErrInvalidName), errors.Is(err, leasecore.ErrInvalidID),

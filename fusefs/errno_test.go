@@ -37,7 +37,7 @@ func TestToErrno(t *testing.T) {
 		{"not empty", wrap(leasecore.ErrNotEmpty), syscall.ENOTEMPTY},
 		{"is namespace", wrap(leasecore.ErrIsNamespace), syscall.EISDIR},
 		{"read-only", leasecore.ErrReadOnly, syscall.EROFS},
-		{"closed (daemon handed over)", leasecore.ErrClosed, syscall.ESTALE},
+		{"closed (daemon handed over or stopping)", leasecore.ErrClosed, syscall.ENOTCONN},
 		{"persist ENOSPC", persist(syscall.ENOSPC), syscall.ENOSPC},
 		{"persist ENOSPC wrapped", wrap(persist(fmt.Errorf("sync: %w", syscall.ENOSPC))), syscall.ENOSPC},
 		// A full disk quota is "no space" to the caller: EDQUOT is kept

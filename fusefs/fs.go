@@ -44,7 +44,8 @@ type Options struct {
 // numbers), posix (fcntl lock owners), flushes (lock owners of the FLUSH
 // requests in flight), unlinked (leases being ended by an unlink), lookups (the
 // lease each thread last looked up), parked (interrupted lock waits kept for
-// their restart). Lock order:
+// their restart), survivors (handle leases of previous daemons), retryEnds (handle
+// lease ends to try again). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -64,6 +65,13 @@ type FS struct {
 	unlinked unlinkedLeases
 	lookups  threadLookups
 	parked   parkedWaits
+	// survivors are the handle leases of previous daemons kept for their
+	// open files ([FS.Adopt]).
+	survivors survivorSet
+	retryEnds retryEnds
+	// proc is where the processes holding survivors are looked up:
+	// "/proc".
+	proc string
 
 	// afterFunc starts the timer of a parked lock wait: time.AfterFunc
 	// outside tests.
@@ -95,6 +103,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		opts:       opts,
 		started:    time.Now(),
 		afterFunc:  afterFunc,
+		proc:       "/proc",
 	}
 	f.unlinked.wake = make(chan struct{}, 1)
 	f.drained, f.drain = context.WithCancel(context.Background())
@@ -131,15 +140,22 @@ func (f *FS) RawFileSystem() fuse.RawFileSystem {
 // goroutine with no lock held: a notification sent inside a FUSE handler
 // deadlocks the kernel (docs/ARCHITECTURE.md, kernel facts).
 func (f *FS) Run(ctx context.Context) {
+	// Survivors ([FS.Adopt]) are checked while any is left.
+	check := time.NewTicker(survivorCheckEvery)
+	defer check.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-check.C:
+			f.checkSurvivors()
+			f.retryFailedEnds()
 		case ev, ok := <-f.events:
 			if !ok {
 				return // the store was closed
 			}
 			if ev.Kind == leasecore.EventEnded {
+				f.survivors.forget(ev.Lease.ID)
 				f.tokens.forget(ev.Lease.ID)
 				f.sizes.forget(ev.Lease.ID)
 				// A release by an unlink through this mount is the
@@ -164,28 +180,14 @@ func (f *FS) Run(ctx context.Context) {
 }
 
 // Drain stops granting leases (creates and locks fail with EAGAIN, blocked
-// lock waits end with EAGAIN) and ends every handle lease held through this
-// mount ([leasecore.OwnsHandle]) as abandoned, so
-// their open files answer ESTALE: the first step of handing the state
-// directory over to another daemon. Token leases are untouched. Safe to
-// call more than once.
+// lock waits end with EAGAIN): the first step of handing the state
+// directory over to another daemon. Leases held are untouched: a handle
+// lease lives on while its open file does, and the next daemon keeps it
+// (docs/PROTOCOL.md §2, "Handle leases across restarts"). Safe to call more
+// than once.
 func (f *FS) Drain(ctx context.Context) {
 	f.draining.Store(true)
 	f.drain()
-	leases, err := f.store.List(ctx)
-	if err != nil {
-		f.log.Error("drain: listing leases failed", "err", err)
-	}
-	for _, l := range leases {
-		// A store shared with other daemons (etcd) also lists the handle
-		// leases held through their mounts: those are not this one's to end.
-		if !leasecore.OwnsHandle(f.store, l) {
-			continue
-		}
-		if _, err := f.store.End(ctx, l.ID, leasecore.StatusAbandoned); err == nil {
-			f.log.Info("handle lease ended for handover", "resource", l.Resource, "lease", l.ID)
-		}
-	}
 }
 
 // invalidate removes l's entry from the kernel's dentry cache if the kernel

@@ -210,6 +210,14 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	if f.draining.Load() {
 		return f.refuse(op, h.resource, req.c, syscall.EAGAIN, "daemon is handing over")
 	}
+	if !f.survivors.empty() {
+		// A handle lease of a previous daemon, taken back by its holder.
+		if l, err := f.store.Live(ctx, h.resource); err == nil && l.Mode == leasecore.ModeHandle {
+			if taken, errno := h.takeBack(ctx, op, req, l); taken {
+				return errno
+			}
+		}
+	}
 	if cred {
 		l, err := f.store.Load(ctx, id)
 		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
@@ -309,11 +317,17 @@ func (f *FS) posixCloseIf(key posixKey, id string) {
 
 // endHandleLease ends handle lease id as complete, if it is still live; the
 // store wakes the name's first waiter and publishes the end.
+//
+// An end that fails (the disk refuses the record) is retried by [FS.Run]
+// until it lands: the end of a handle lease is never deferred in memory
+// (the next daemon would keep a lease whose open file lives), and nothing
+// else would ever end it.
 func (f *FS) endHandleLease(id, reason string) {
 	l, err := f.store.End(context.Background(), id, leasecore.StatusComplete)
 	if err != nil {
 		if !errors.Is(err, leasecore.ErrInactive) && !errors.Is(err, leasecore.ErrClosed) {
-			f.log.Error("ending handle lease failed", "lease", id, "err", err)
+			f.log.Error("ending handle lease failed; retrying", "lease", id, "err", err)
+			f.retryEnds.add(id, reason)
 		}
 		return
 	}

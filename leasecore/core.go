@@ -41,6 +41,15 @@ type Options struct {
 	// handle leases of this host, which live only as long as a daemon's
 	// open files, are then reported dead (docs/PROTOCOL.md §2).
 	NoDaemon bool
+	// HandleHolders, when set, is asked at open about each active handle
+	// lease of this host (a previous daemon's) and returns the processes
+	// that still hold the open file it was locked on: the lease is kept,
+	// marked [DaemonPrevious] with those [Lease.HolderPIDs]. None, or no
+	// HandleHolders, ends it as abandoned ("handle lease of a previous
+	// daemon"). docs/PROTOCOL.md §2, "Handle leases across restarts". It is
+	// called during open, before the store is returned, and must not call
+	// the store.
+	HandleHolders func(Lease) []int
 	// Logger receives one line per record that could not be loaded and per
 	// lease ended by a liveness rule; default slog.Default().
 	Logger *slog.Logger
@@ -280,9 +289,11 @@ func (s *store) deadReason(e *entry) string {
 // the end still takes effect in memory and the record is written later by
 // the reaper: this is safe for leases that would be ended again after a
 // restart whatever the disk says, namely those dead by the liveness rules
-// of docs/PROTOCOL.md §5 and handle leases, which no daemon keeps across a
-// restart (§2). A lease released by its holder is not deferrable: the
-// release fails and nothing changes.
+// of docs/PROTOCOL.md §5. A lease released by its holder is not
+// deferrable, nor is the end of a handle lease, which the next daemon
+// keeps while its open file lives (§2): an unlock or an rm leaves the open
+// file open, so only a durable end says it is over. Such an end fails and
+// nothing changes.
 func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reason string, deferrable bool) error {
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()

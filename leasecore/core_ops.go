@@ -345,18 +345,19 @@ func (s *store) End(ctx context.Context, id string, status Status) (Lease, error
 		// (an unlink by the holder uid, the close of a handle lease) or on
 		// the holder's behalf (a handover, a refused call's reservation),
 		// and logs which.
-		return s.endLocked(e, e.lease, status, ChangeReleased, "ended by the mount without a token", e.lease.Mode == ModeHandle)
+		return s.endLocked(e, e.lease, status, ChangeReleased, "ended by the mount without a token", false)
 	})
 }
 
 // Bind turns live lease id into a handle lease; see [Store.Bind].
 func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, error) {
 	return s.mutateActive(id, nil, ChangeBound, func(e *entry) error {
-		if e.lease.Mode == ModeHandle && (holderPID <= 0 || holderPID == e.lease.HolderPID) {
+		if e.lease.Mode == ModeHandle && (holderPID <= 0 || holderPID == e.lease.HolderPID) && e.lease.Daemon == "" {
 			return nil
 		}
 		l := e.lease
 		l.Mode = ModeHandle
+		l.Daemon, l.HolderPIDs = "", "" // bound to an open file of this daemon
 		if holderPID > 0 {
 			l.HolderPID = holderPID
 		}

@@ -509,7 +509,18 @@ func (s *FileStore) load() error {
 				return err
 			}
 		case e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host:
-			// A daemon ends only its own previous handle leases.
+			// A daemon ends only its own previous handle leases, and only
+			// those whose open file no process holds any more
+			// (docs/PROTOCOL.md §2).
+			if s.opts.HandleHolders != nil {
+				if pids := s.opts.HandleHolders(e.lease); len(pids) > 0 {
+					e.lease.Daemon, e.lease.HolderPIDs = DaemonPrevious, FormatPIDs(pids)
+					s.opts.Logger.Info("handle lease kept", "resource", e.lease.Resource, "lease", e.lease.ID,
+						"generation", e.lease.Generation, "holder_pids", e.lease.HolderPIDs,
+						"reason", "a process still holds the open file it was locked on")
+					continue
+				}
+			}
 			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "handle lease of a previous daemon", true); err != nil {
 				return err
 			}

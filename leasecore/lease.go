@@ -2,6 +2,8 @@ package leasecore
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -93,6 +95,29 @@ type Lease struct {
 	// Waiters is the number of blocked flock waiters on the resource of a
 	// live lease (§6), kept by the daemon; never recorded.
 	Waiters int `lease:"waiters,optional,norecord"`
+
+	// Daemon is [DaemonPrevious] for a handle lease whose open file was
+	// opened through a previous daemon and that a process still holds
+	// (docs/PROTOCOL.md §2, "Handle leases across restarts"), "" otherwise;
+	// HolderPIDs then lists the processes found holding it when this
+	// daemon started ("812 815"). Set by the store at open, cleared when
+	// the lease binds to a new open file; never recorded.
+	Daemon     string `lease:"daemon,optional,norecord"`
+	HolderPIDs string `lease:"holder_pids,optional,norecord"`
+}
+
+// DaemonPrevious is [Lease.Daemon] of a handle lease held through a
+// previous daemon's mount.
+const DaemonPrevious = "previous"
+
+// FormatPIDs renders pids as [Lease.HolderPIDs] does: decimal, separated
+// by single spaces.
+func FormatPIDs(pids []int) string {
+	parts := make([]string, len(pids))
+	for i, p := range pids {
+		parts[i] = strconv.Itoa(p)
+	}
+	return strings.Join(parts, " ")
 }
 
 // Live reports whether the lease's status is active. Liveness rules beyond

@@ -56,7 +56,7 @@ func BenchmarkCycles(b *testing.B) {
 
 // storeOpener returns the [Options.OpenStore] of a benchmark's store; nil
 // is the file store in the state directory.
-type storeOpener func(state string) func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error)
+type storeOpener func(state string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error)
 
 // benchStores are the stores the benchmarks run over: the memory store
 // (the daemon's own cost) and the file store (with its disk writes).
@@ -64,12 +64,12 @@ var benchStores = []struct {
 	name string
 	open storeOpener
 }{
-	{"mem", func(string) func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
-		return func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
+	{"mem", func(string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
+		return func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 			return leasecore.NewMemStore(leasecore.Options{Logger: slog.New(slog.DiscardHandler)}), nil
 		}
 	}},
-	{"file", func(string) func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
+	{"file", func(string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 		return nil
 	}},
 }

@@ -35,8 +35,10 @@ const DaemonLockName = "leasefs.lock"
 // that an oversized payload arrives whole and is refused with EFBIG.
 const maxWrite = 128 << 10
 
-// unmountWait bounds how long shutdown waits for open files to be released
-// after a lazy unmount.
+// unmountWait bounds how long shutdown waits for the server to see an
+// unmount that succeeded. After a lazy one it does not wait: the open files
+// of the detached mount keep their leases, and the next daemon serves them
+// (docs/PROTOCOL.md §2).
 const unmountWait = 5 * time.Second
 
 // Options configure [Run]. Mountpoint is required; every other zero field
@@ -55,15 +57,14 @@ type Options struct {
 	HistoryKeep     int
 	MaxLeasesPerUID int
 	// OpenStore opens the lease store that the mount serves. Run calls it
-	// once, with its context, its logger and the hook that the store calls
-	// with the time each committed change took to become durable (nil
-	// without --metrics-addr; leasecore.Options.OnCommit), after it has taken the daemon lock
-	// of StateDir and checked the mountpoint, and before it mounts; an error
+	// once, with its context, its logger and the hooks the store must
+	// install (see [StoreHooks]), after it has taken the daemon lock of
+	// StateDir and checked the mountpoint, and before it mounts; an error
 	// makes Run return it, wrapped, without mounting. Run closes the store
 	// before it releases the daemon lock, whether it mounted or not. When
 	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
 	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
-	OpenStore func(ctx context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error)
+	OpenStore func(ctx context.Context, log *slog.Logger, hooks StoreHooks) (leasecore.Store, error)
 	// StoreName names the store OpenStore opens (e.g. "etcd://HOST:PORT/PREFIX",
 	// without credentials); it is recorded with the daemon lock for
 	// "leasefs status". Empty: the file store of StateDir.
@@ -116,6 +117,19 @@ const DefaultTakeoverTimeout = 10 * time.Second
 // taking-over daemon retries the lock: well within the one second in which
 // a handover must start.
 const takeoverPoll = 100 * time.Millisecond
+
+// StoreHooks are what [Options.OpenStore] passes on to the store's options
+// (leasecore.Options and the etcd store's embedded copy of them).
+type StoreHooks struct {
+	// OnCommit is leasecore.Options.OnCommit: called with the time each
+	// committed change took to become durable; nil without
+	// --metrics-addr.
+	OnCommit func(time.Duration)
+	// HandleHolders is leasecore.Options.HandleHolders: the processes that
+	// still hold the open file of a previous daemon's handle lease
+	// (docs/PROTOCOL.md §2, "Handle leases across restarts").
+	HandleHolders func(leasecore.Lease) []int
+}
 
 // DefaultStateDir returns the embedded default state directory
 // (docs/PROTOCOL.md §2): $LEASEFS_STATE; else /var/lib/leasefs for root;
@@ -307,7 +321,10 @@ func Run(ctx context.Context, opts Options) error {
 	if openStore == nil {
 		openStore, where = fileStoreOpener(state, opts), " in "+state
 	}
-	store, err := openStore(ctx, log, mtr.onCommit())
+	// Before the store opens: which handle leases of previous daemons
+	// still have their open file (docs/PROTOCOL.md §2).
+	survivors := scanSurvivors(state, opts.AllowOther, log)
+	store, err := openStore(ctx, log, StoreHooks{OnCommit: mtr.onCommit(), HandleHolders: survivors.holders})
 	if err != nil {
 		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)
 	}
@@ -364,6 +381,16 @@ func Run(ctx context.Context, opts Options) error {
 		_ = server.Unmount()
 		return fmt.Errorf("mount: cannot mount on %s: %w", mp, err)
 	}
+	// Record the mount for the next daemon, before any handle lease is
+	// granted through it, if the kernel shows it: fdinfo of the open files
+	// of this mount names it after this daemon is gone.
+	if m, ok := mountedAt(Mounts(), mp); ok && m.FSType == fsType && m.ID > 0 {
+		if err := survivors.record(state, m.ID); err != nil {
+			log.Warn("cannot record the mount id: handle leases held through this mount will end when the next daemon starts",
+				"path", filepath.Join(state, MountsRecordName), "err", err)
+		}
+	}
+	lfs.Adopt(survivors.kept)
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
 	mtr.serve()
@@ -385,17 +412,18 @@ func Run(ctx context.Context, opts Options) error {
 	}()
 
 	takeover := watchTakeover(runCtx, lockPath)
+	detached := false // lazily, with open files left
 	select {
 	case <-ctx.Done():
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
 		stopping()
 		warnHandleLeases(store, log)
-		unmount(server, mp, root, log)
+		detached = unmount(server, mp, root, log)
 	case req := <-takeover:
 		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
 		stopping()
 		lfs.Drain(runCtx)
-		unmount(server, mp, root, log)
+		detached = unmount(server, mp, root, log)
 	case <-served:
 		log.Info("unmounted from outside", "mountpoint", mp)
 		stopping()
@@ -410,18 +438,20 @@ func Run(ctx context.Context, opts Options) error {
 	if err := lock.Release(); err != nil {
 		log.Warn("releasing the daemon lock", "err", err)
 	}
-	select {
-	case <-served:
-	case <-time.After(unmountWait):
-		log.Warn("open files still reference the detached mount; exiting anyway", "mountpoint", mp)
+	if !detached {
+		select {
+		case <-served:
+		case <-time.After(unmountWait):
+			log.Warn("the mount did not go away; exiting anyway", "mountpoint", mp)
+		}
 	}
 	log.Info("stopped", "mountpoint", mp)
 	return nil
 }
 
-// warnHandleLeases logs, at WARN, every handle lease that stopping the
-// daemon is about to end: their open files die with the FUSE connection
-// (docs/PROTOCOL.md §8b).
+// warnHandleLeases logs every handle lease held through this daemon: each
+// outlives it while its open file lives, and the next daemon of this state
+// directory keeps it (docs/PROTOCOL.md §2, §8b).
 func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 	leases, err := store.List(context.Background())
 	if err != nil {
@@ -431,23 +461,23 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 	for _, l := range leases {
 		// Not those held through other daemons sharing the store (etcd).
 		if leasecore.OwnsHandle(store, l) {
-			log.Warn("stopping ends a handle lease", "resource", l.Resource, "lease", l.ID,
+			log.Info("handle lease outlives this daemon while its open file lives", "resource", l.Resource, "lease", l.ID,
 				"holder_pid", l.HolderPID, "holder_uid", l.HolderUID)
 		}
 	}
 }
 
 // fileStoreOpener is the default [Options.OpenStore]: the embedded file
-// store in the state directory state, reporting its commits to onCommit
-// when set.
-func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
-	return func(_ context.Context, log *slog.Logger, onCommit func(time.Duration)) (leasecore.Store, error) {
+// store in the state directory state, with hooks installed.
+func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
+	return func(_ context.Context, log *slog.Logger, hooks StoreHooks) (leasecore.Store, error) {
 		s, err := leasecore.OpenFileStore(state, leasecore.Options{
 			LeaseDuration:   opts.LeaseDuration,
 			HistoryKeep:     opts.HistoryKeep,
 			MaxLeasesPerUID: opts.MaxLeasesPerUID,
 			Logger:          log,
-			OnCommit:        onCommit,
+			OnCommit:        hooks.OnCommit,
+			HandleHolders:   hooks.HandleHolders,
 		})
 		if err != nil {
 			return nil, err // a nil Store, not a Store holding a nil *FileStore
@@ -531,17 +561,19 @@ func watchTakeover(ctx context.Context, path string) <-chan daemonlock.TakeoverR
 	return ch
 }
 
-// unmount unmounts mp, detaching it lazily when it is busy; the server keeps
-// serving open files of a detached mount until their release.
-func unmount(server *fuse.Server, mp string, root bool, log *slog.Logger) {
+// unmount unmounts mp, detaching it lazily when it is busy, and reports
+// whether it did so: open files then keep the detached mount, and their
+// leases outlive this daemon (docs/PROTOCOL.md §2).
+func unmount(server *fuse.Server, mp string, root bool, log *slog.Logger) (lazy bool) {
 	err := server.Unmount()
 	if err == nil {
-		return
+		return false
 	}
-	log.Warn("mount busy; detaching lazily", "mountpoint", mp, "err", err)
+	log.Info("mount busy; detaching lazily: its open files keep their leases", "mountpoint", mp, "err", err)
 	if err := detach(mp, root); err != nil {
 		log.Error("lazy unmount failed", "mountpoint", mp, "err", err)
 	}
+	return true
 }
 
 // detach lazily unmounts mp: umount2(MNT_DETACH) as root, fusermount3 -u -z

@@ -85,7 +85,7 @@ func TestUnescapeOctal(t *testing.T) {
 }
 
 func TestContainingMount(t *testing.T) {
-	mounts := []MountInfo{{"/", "ext4", "1", ""}, {"/mnt", "tmpfs", "2", ""}, {"/mnt/l", "fuse.leasefs", "3", ""}, {"/mnt", "ext4", "4", ""}}
+	mounts := []MountInfo{{"/", "ext4", "1", "", 21}, {"/mnt", "tmpfs", "2", "", 22}, {"/mnt/l", "fuse.leasefs", "3", "", 23}, {"/mnt", "ext4", "4", "", 24}}
 	for path, want := range map[string]string{"/mnt/l/state": "fuse.leasefs", "/mnt/x": "ext4", "/srv": "ext4", "/mnt/l": "fuse.leasefs"} {
 		if m, ok := ContainingMount(mounts, path); !ok || m.FSType != want {
 			t.Errorf("ContainingMount(%q) = %+v, %v; want %s", path, m, ok, want)

@@ -17,6 +17,7 @@ type MountInfo struct {
 	FSType string // e.g. "fuse.leasefs", "ext4"
 	Minor  string // device minor number; names a FUSE connection in fusectl
 	Source string // mount source, e.g. "/dev/vda"; a leasefs mount's is its state directory
+	ID     int    // mount id, unique among attached mounts (the mnt_id of /proc/PID/fdinfo)
 }
 
 // Mounts parses /proc/self/mountinfo, in mount order (a later entry on the
@@ -45,7 +46,8 @@ func Mounts() []MountInfo {
 			continue
 		}
 		_, minor, _ := strings.Cut(fields[2], ":")
-		m := MountInfo{Point: unescapeOctal(fields[4]), FSType: fields[sep+1], Minor: minor}
+		id, _ := strconv.Atoi(fields[0])
+		m := MountInfo{Point: unescapeOctal(fields[4]), FSType: fields[sep+1], Minor: minor, ID: id}
 		if sep+2 < len(fields) {
 			m.Source = unescapeOctal(fields[sep+2])
 		}

@@ -54,7 +54,7 @@ func TestRunOpenStoreError(t *testing.T) {
 		Logger:     log,
 		OnReady:    func() { t.Error("OnReady called, but Run did not mount") },
 		OnStopping: func() { t.Error("OnStopping called, but Run did not mount") },
-		OpenStore: func(octx context.Context, olog *slog.Logger, _ func(time.Duration)) (leasecore.Store, error) {
+		OpenStore: func(octx context.Context, olog *slog.Logger, _ StoreHooks) (leasecore.Store, error) {
 			calls++
 			if octx.Value(ctxKey{}) != "run" {
 				t.Error("the opener did not get Run's context")
@@ -80,7 +80,7 @@ func TestRunOpenStoreError(t *testing.T) {
 	if m, ok := mountedAt(Mounts(), mp); ok {
 		t.Errorf("Run left a mount on %s: %+v", mp, m)
 	}
-	if got, want := stateFiles(t, state), []string{DaemonLockName}; !slices.Equal(got, want) {
+	if got, want := stateFiles(t, state), []string{DaemonLockName, MountsRecordName}; !slices.Equal(got, want) {
 		t.Errorf("state directory holds %q, want only %q", got, want)
 	}
 	if held, _ := daemonlock.Held(lockPath); held {
@@ -98,7 +98,7 @@ func TestRunOpenStoreNil(t *testing.T) {
 		Mountpoint: t.TempDir(),
 		StateDir:   t.TempDir(),
 		Logger:     slog.New(slog.DiscardHandler),
-		OpenStore:  func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) { return nil, nil },
+		OpenStore:  func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) { return nil, nil },
 	})
 	if err == nil {
 		t.Fatal("Run with an opener returning no store succeeded")
@@ -190,7 +190,7 @@ func TestRunServesOpenedStore(t *testing.T) {
 			StateDir:      state,
 			LeaseDuration: 7 * time.Second,
 			Logger:        slog.New(h),
-			OpenStore: func(context.Context, *slog.Logger, func(time.Duration)) (leasecore.Store, error) {
+			OpenStore: func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 				return store, nil
 			},
 		})
@@ -234,7 +234,7 @@ func TestRunServesOpenedStore(t *testing.T) {
 	if _, err := backing.List(context.Background()); !errors.Is(err, leasecore.ErrClosed) {
 		t.Errorf("List after Run returned: %v, want ErrClosed", err)
 	}
-	if got, want := stateFiles(t, state), []string{DaemonLockName}; !slices.Equal(got, want) {
+	if got, want := stateFiles(t, state), []string{DaemonLockName, MountsRecordName}; !slices.Equal(got, want) {
 		t.Errorf("state directory holds %q, want only %q", got, want)
 	}
 }
