@@ -64,6 +64,11 @@ func (e failedWith) Unwrap() error { return e.err }
 // descriptor, that the lease still holds while the command runs.
 const lockCheckEvery = 250 * time.Millisecond
 
+// defaultReconnectTimeout is how long "leasefs lock" waits, by default, for
+// its daemon to answer again (a restart, an upgrade) before it gives the
+// lease up as lost (docs/PROTOCOL.md §8).
+const defaultReconnectTimeout = time.Minute
+
 // defaultLostGrace is how long a command whose lease was lost has between
 // SIGTERM and SIGKILL.
 const defaultLostGrace = 10 * time.Second
@@ -79,12 +84,15 @@ type lockOptions struct {
 	conflict int
 	mount    string
 	grace    time.Duration
+	// reconnect bounds how long the command keeps running while the
+	// daemon does not answer (--reconnect-timeout).
+	reconnect time.Duration
 }
 
 func newLockCmd(stdout, stderr io.Writer) *cobra.Command {
 	var o lockOptions
 	cmd := &cobra.Command{
-		Use:   "lock [-n | -w DURATION] [-E CODE] [--grace DURATION] [--mount DIR] NAME -- CMD [ARG...]",
+		Use:   "lock [-n | -w DURATION] [-E CODE] [--grace DURATION] [--reconnect-timeout DURATION] [--mount DIR] NAME -- CMD [ARG...]",
 		Short: "Run a command while holding a handle lease on NAME (like flock(1))",
 		Long: `Run CMD while holding a handle lease on NAME, the lease file NAME under
 the mount: the lease lives exactly as long as CMD, and ends even if CMD is
@@ -99,9 +107,12 @@ found and 126 when it cannot be run (as a shell; a script without #! runs
 with /bin/sh); 66 when NAME cannot be opened (no leasefs mount, a missing
 namespace, a directory; flock(1)'s code); 69 when the lock could not be
 taken for another reason than a conflict (the daemon stopped during the
-wait); 4 when the lease was lost while CMD ran (the daemon stopped
-or lost its store): CMD and every process it started then get SIGTERM, and
-SIGKILL after --grace. Signals sent to lock are passed on to CMD; one that
+wait); 4 when the lease was lost while CMD ran (ended by root's rm, a
+takeover honoured, or the store; or the daemon did not come back within
+--reconnect-timeout): CMD and every process it started then get SIGTERM,
+and SIGKILL after --grace. A daemon restart does not stop CMD: lock waits
+for the mount to answer again and takes its lease back (on etcd, it stops
+CMD before the cluster could expire the lease). Signals sent to lock are passed on to CMD; one that
 arrives while lock waits ends the wait (128+N). If lock is killed, CMD is
 killed with it (SIGKILL); processes CMD started are not, so let CMD do its
 work itself or exec it.
@@ -130,6 +141,8 @@ daemon serving the default state directory.`,
 				return usageError{fmt.Errorf("-E %d: an exit code is 0 to 255", o.conflict)}
 			case o.grace < 0:
 				return usageError{fmt.Errorf("--grace %s: must not be negative", o.grace)}
+			case o.reconnect < 0:
+				return usageError{fmt.Errorf("--reconnect-timeout %s: must not be negative", o.reconnect)}
 			}
 			code, err := runLock(c.Context(), o, a[0], a[1:], stderr)
 			if err != nil {
@@ -147,6 +160,7 @@ daemon serving the default state directory.`,
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
 	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the default state's mountpoint)")
 	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
+	f.DurationVar(&o.reconnect, "reconnect-timeout", defaultReconnectTimeout, "how long CMD keeps running while the daemon does not answer (a restart) before the lease counts as lost; on etcd never past the lease's keep-alive deadline")
 	return cmd
 }
 
@@ -211,7 +225,8 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	if err != nil {
 		return 0, failedWith{fmt.Errorf("cannot open %s: %w", path, err), exitNoInput}
 	}
-	defer unix.Close(fd)
+	// fd is the locked descriptor; a reconnect replaces it.
+	defer func() { unix.Close(fd) }()
 	var sig os.Signal
 	switch err := takeLock(ctx, fd, o, sigs, &sig); {
 	case sig != nil:
@@ -234,6 +249,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	// checks the name, finds it free.
 	defer func() { _ = unix.Flock(fd, unix.LOCK_UN) }()
 	st, err := readStatus(fd)
+	until := keepAliveUntil(st)
 	if err != nil {
 		return 0, failedWith{fmt.Errorf("cannot read the lease of %s: %w", path, err), exitUnavailable}
 	}
@@ -268,6 +284,47 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		stopTree(exited, o.grace)
 		return exitLost
 	}
+	// down is when the daemon stopped answering, zero while it answers;
+	// downErr is the error it answered with then.
+	var down time.Time
+	var downErr error
+	// poll checks the lease through fd and, while the daemon does not
+	// answer, tries to take it back through a new open file
+	// (docs/PROTOCOL.md §6, §8). It returns a non-nil error once the lease
+	// is lost.
+	poll := func() error {
+		if down.IsZero() {
+			st, err := readStatus(fd)
+			switch {
+			case err == nil:
+				until = keepAliveUntil(st)
+				return nil
+			case !lostLease(err):
+				return nil
+			case !daemonGone(err):
+				return err
+			}
+			down, downErr = time.Now(), err
+			fmt.Fprintf(stderr, "leasefs: the daemon of %s does not answer (%v); %s keeps running while lock waits for it\n", mnt, err, argv[0])
+		}
+		nfd, err := takeBack(mnt, path, st["lease_id"])
+		switch {
+		case err == nil:
+			_ = unix.Close(fd)
+			fmt.Fprintf(stderr, "leasefs: lease on %s taken back after %v\n", name, time.Since(down).Round(time.Millisecond))
+			fd, down = nfd, time.Time{}
+			if st, err := readStatus(fd); err == nil {
+				until = keepAliveUntil(st)
+			}
+			return nil
+		case !errors.Is(err, errNotYet):
+			return err
+		}
+		if deadline := reconnectDeadline(down, o, until); !time.Now().Before(deadline) {
+			return fmt.Errorf("%w; not back by %s", downErr, deadline.Format(time.RFC3339Nano))
+		}
+		return nil
+	}
 	check := time.NewTicker(lockCheckEvery)
 	defer check.Stop()
 	for {
@@ -275,20 +332,96 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 		case <-exited:
 			// The lease may have been lost while the command ran, since the
 			// last check: then its work was not covered (exit 4), and what
-			// it left running is stopped as below.
-			if _, err := readStatus(fd); err != nil && lostLease(err) {
-				return lost(err), nil
+			// it left running is stopped as below. While the daemon is
+			// away, the outcome waits for it (or for the deadline).
+			for {
+				if err := poll(); err != nil {
+					return lost(err), nil
+				}
+				if down.IsZero() {
+					return waitStatus(cmd.ProcessState), nil
+				}
+				time.Sleep(lockCheckEvery)
 			}
-			return waitStatus(cmd.ProcessState), nil
 		case s := <-sigs:
 			_ = cmd.Process.Signal(s)
 		case <-check.C:
 			reapOrphans(cmd.Process.Pid)
-			if _, err := readStatus(fd); err != nil && lostLease(err) {
+			if err := poll(); err != nil {
 				return lost(err), nil
 			}
 		}
 	}
+}
+
+// errNotYet is [takeBack]'s answer while the mount does not answer yet.
+var errNotYet = errors.New("the mount does not answer yet")
+
+// daemonGone reports whether err, from a read of the locked descriptor,
+// says its daemon is gone (ENOTCONN, ECONNABORTED) rather than the lease
+// ended: the lease may outlive the daemon (docs/PROTOCOL.md §2).
+func daemonGone(err error) bool {
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
+}
+
+// takeBack opens NAME again without creating it and locks it: a lease of a
+// previous daemon binds to the new open file when this process holds the
+// old one (docs/PROTOCOL.md §6, "Taking it back"). It returns the new
+// locked descriptor when the lease is id; errNotYet while the mount does
+// not answer (no leasefs mount on mnt yet, ENOTCONN, EAGAIN while a
+// daemon hands over); another error when the lease is lost: ENOENT (it
+// ended), EWOULDBLOCK (another holds the name) or a different lease id.
+func takeBack(mnt, path, id string) (int, error) {
+	if checkLeasefsMount(mnt) != nil {
+		return -1, errNotYet
+	}
+	nfd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if daemonGone(err) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return -1, errNotYet
+		}
+		return -1, fmt.Errorf("reopen: %w", err)
+	}
+	if err := flockRetry(nfd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(nfd)
+		if daemonGone(err) || errors.Is(err, unix.EAGAIN) {
+			return -1, errNotYet
+		}
+		return -1, fmt.Errorf("lock again: %w", err)
+	}
+	st, err := readStatus(nfd)
+	if err == nil && st["lease_id"] == id {
+		return nfd, nil
+	}
+	_ = unix.Flock(nfd, unix.LOCK_UN)
+	unix.Close(nfd)
+	if err != nil {
+		return -1, fmt.Errorf("read the lease again: %w", err)
+	}
+	return -1, fmt.Errorf("the name is now lease %s: %s has ended", st["lease_id"], id)
+}
+
+// keepAliveUntil is the keepalive_until of status document st: the
+// keep-alive deadline of a handle lease on etcd (docs/PROTOCOL.md §8a);
+// zero on the file store.
+func keepAliveUntil(st map[string]string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, st["keepalive_until"])
+	return t
+}
+
+// reconnectDeadline is when a lock whose daemon stopped answering at down
+// gives its lease up: --reconnect-timeout after down, and on etcd no later
+// than the lease's keep-alive deadline until minus --grace, so that the
+// command is stopped (SIGKILL at until) before the cluster can expire the
+// lease and grant the name through another mount (docs/PROTOCOL.md §8).
+func reconnectDeadline(down time.Time, o lockOptions, until time.Time) time.Time {
+	d := down.Add(o.reconnect)
+	if !until.IsZero() {
+		if e := until.Add(-o.grace); e.Before(d) {
+			d = e
+		}
+	}
+	return d
 }
 
 // command returns the command of argv with env, wired to this process's

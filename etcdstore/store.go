@@ -630,8 +630,11 @@ func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
 	s.fill(&l, s.durationOf(r))
 	if l.Status == leasecore.StatusActive {
 		l.Waiters = int(waiters)
-		if h := s.handles[l.ID]; h != nil && h.previous != "" {
-			l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, h.previous
+		if h := s.handles[l.ID]; h != nil {
+			l.KeepAliveUntil = h.deadline.UTC().Truncate(time.Millisecond)
+			if h.previous != "" {
+				l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, h.previous
+			}
 		}
 	}
 	return l

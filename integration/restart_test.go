@@ -4,9 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/etcdstore/etcdtest"
 )
 
 // Handle leases across daemon restarts (docs/PROTOCOL.md §2, "Handle leases
@@ -155,5 +159,123 @@ func touch(t testing.TB, p string) {
 	t.Helper()
 	if err := os.WriteFile(p, nil, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLockAcrossRestart runs `leasefs lock` with a command that finishes
+// after the daemon was stopped (SIGTERM) or killed (SIGKILL) and started
+// again: the command keeps running, lock takes the same lease back through
+// a new open file and exits with the command's status 0, and the name was
+// never free meanwhile. A lock SIGKILLed after taking its lease back frees
+// the name within a second.
+func TestLockAcrossRestart(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	for _, stop := range []string{"sigterm", "sigkill"} {
+		t.Run(stop, func(t *testing.T) {
+			t.Parallel()
+			d1 := startDaemon(t, daemonOpts{})
+			dir := t.TempDir()
+			goFile, done := filepath.Join(dir, "go"), filepath.Join(dir, "done")
+			script := `echo "id $LEASEFS_LEASE_ID"; while [ ! -e "$GO" ]; do sleep 0.05; done; touch "$DONE"`
+			job := startProc(t, []string{"GO=" + goFile, "DONE=" + done},
+				leasefsBin, "lock", "--mount", d1.mountpoint, "job", "--", "bash", "-c", script)
+			id := job.expect(`(?m)^id (lease-\S+)$`, holdTimeout)[1]
+			// A second holder: SIGKILLed once it has its lease back.
+			killed := lockHolder(t, d1, "killed")
+			killedSt, _ := statusDoc(t, filepath.Join(d1.mountpoint, "killed"))
+
+			if stop == "sigterm" {
+				d1.stop(true)
+			} else {
+				d1.kill()
+			}
+			d2 := startDaemon(t, daemonOpts{mountpoint: d1.mountpoint, state: d1.state})
+			p := filepath.Join(d2.mountpoint, "job")
+			eventually(t, holdTimeout, "lock to take its lease back", func() (bool, string) {
+				return strings.Contains(job.stderr.String(), "taken back"), job.stderr.String()
+			})
+			if st, _ := statusDoc(t, p); st["lease_id"] != id || st["daemon"] != "" {
+				t.Errorf("job after lock took it back: %v, want %s bound to the new daemon (no daemon field)", st, id)
+			}
+			if r := sh(t, `flock -n "$P" true`, "P="+p); r.code == 0 {
+				t.Errorf("flock -n on the name lock holds was granted after the restart")
+			}
+			touch(t, goFile)
+			r := job.wait(holdTimeout)
+			if r.code != 0 {
+				t.Errorf("lock across the restart: %s\nwant exit 0", r)
+			}
+			if _, err := os.Stat(done); err != nil {
+				t.Errorf("the command's work after the restart: %v", err)
+			}
+			if !strings.Contains(d2.stderr(), `msg="handle lease taken back" resource=job lease=`+id) {
+				t.Errorf("the new daemon did not log the take-back of %s; stderr:\n%s", id, d2.stderr())
+			}
+
+			kp := filepath.Join(d2.mountpoint, "killed")
+			eventually(t, holdTimeout, "the second lock to take its lease back", func() (bool, string) {
+				return strings.Contains(killed.stderr.String(), "taken back"), killed.stderr.String()
+			})
+			if st, _ := statusDoc(t, kp); st["lease_id"] != killedSt["lease_id"] {
+				t.Errorf("the second lock's lease after the restart: %v, want %s", st, killedSt["lease_id"])
+			}
+			killed.signal(syscall.SIGKILL)
+			killed.wait(holdTimeout)
+			freed := eventually(t, time.Second, "the name of a SIGKILLed lock free within a second", func() (bool, string) {
+				r := sh(t, `flock -n "$P" true`, "P="+kp)
+				return r.code == 0, r.String()
+			})
+			t.Logf("job taken back; the SIGKILLed lock's name free after %v", freed)
+		})
+	}
+}
+
+// TestEtcdLockStopsCommandBeforeTheClusterExpiresIt SIGKILLs the daemon of
+// a `leasefs lock` on etcd and does not start it again: lock stops its
+// command (exit 4) before the cluster expires the lease and grants the name
+// to a flock(1) waiter through another mount (docs/PROTOCOL.md §8: lock's
+// deadline is the lease's keepalive_until, which comes at least the margin
+// of §8a before the cluster's expiry).
+func TestEtcdLockStopsCommandBeforeTheClusterExpiresIt(t *testing.T) {
+	t.Parallel()
+	requireTool(t, "flock")
+	requireFUSE(t)
+	srv := etcdtest.Start(t)
+	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-away"}
+	a := startDaemon(t, daemonOpts{extraArgs: store, leaseDuration: 3 * time.Second})
+	b := startDaemon(t, daemonOpts{extraArgs: store, leaseDuration: 3 * time.Second})
+	dir := t.TempDir()
+	stopped, granted := filepath.Join(dir, "stopped"), filepath.Join(dir, "granted")
+	job := startProc(t, []string{"STOPPED=" + stopped}, leasefsBin, "lock", "--grace", "500ms", "--mount", a.mountpoint, "job", "--",
+		"bash", "-c", `trap 'date +%s.%N > "$STOPPED"; exit 143' TERM; echo held; while :; do sleep 0.05; done`)
+	job.expect(`(?m)^held$`, holdTimeout)
+	waiter := startProc(t, []string{"P=" + filepath.Join(b.mountpoint, "job"), "GRANTED=" + granted},
+		"bash", "-c", `flock "$P" sh -c 'date +%s.%N > "$GRANTED"'`)
+	waitWaiters(t, filepath.Join(b.mountpoint, "job"), 1)
+
+	killedAt := time.Now()
+	a.kill()
+	r := job.wait(30 * time.Second)
+	if r.code != 4 {
+		t.Errorf("lock whose daemon stayed away past the TTL: %s\nwant exit 4", r)
+	}
+	waiter.wait(30 * time.Second)
+	at := func(p string) time.Time {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v", filepath.Base(p), err)
+		}
+		secs, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Unix(0, int64(secs*1e9))
+	}
+	s, g := at(stopped), at(granted)
+	t.Logf("daemon killed; command stopped %v later, the other mount's waiter granted %v later",
+		s.Sub(killedAt).Round(time.Millisecond), g.Sub(killedAt).Round(time.Millisecond))
+	if !s.Before(g) {
+		t.Errorf("the command was stopped at %s, not before the other mount's waiter was granted at %s", s, g)
 	}
 }

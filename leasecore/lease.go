@@ -104,6 +104,14 @@ type Lease struct {
 	// the lease binds to a new open file; never recorded.
 	Daemon     string `lease:"daemon,optional,norecord"`
 	HolderPIDs string `lease:"holder_pids,optional,norecord"`
+
+	// KeepAliveUntil is, for a handle lease that an etcd store keeps
+	// alive, its local deadline (docs/PROTOCOL.md §8a): the lease ends then
+	// unless a keep-alive the cluster answers moves it, and the cluster
+	// cannot expire it before this plus the margin of §8a. "leasefs lock"
+	// stops its command by then when it cannot reach its daemon (§8).
+	// Zero for every other lease; never recorded.
+	KeepAliveUntil time.Time `lease:"keepalive_until,optional,norecord"`
 }
 
 // DaemonPrevious is [Lease.Daemon] of a handle lease held through a
