@@ -356,6 +356,8 @@ func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) 
 	return leasecore.OpenFileStore(state, leasecore.Options{
 		ReadOnly: true,
 		NoDaemon: ok && !held,
+		// Handle leases of previous daemons still held are shown as such.
+		HandleHolders: mount.HandleHolders(state),
 		// Records that cannot be loaded are reported on stderr.
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
@@ -472,7 +474,12 @@ key of each lease's status document.`,
 			row := func(l *leasecore.Lease, n int) error {
 				t.grow(n)
 				t.text(tableName(l.Resource))
-				t.text(string(l.Mode))
+				if l.Daemon == leasecore.DaemonPrevious {
+					// Held through a previous daemon's mount (docs/PROTOCOL.md §2).
+					t.text(string(l.Mode) + " (previous daemon)")
+				} else {
+					t.text(string(l.Mode))
+				}
 				t.uint(uint64(l.HolderUID))
 				t.int(int64(l.HolderPID))
 				t.uint(l.Generation)

@@ -34,6 +34,10 @@ type daemonStatus struct {
 	Since        *time.Time     `json:"since,omitempty"`
 	Leases       map[string]int `json:"leases"` // live leases by mode
 	Waiters      int            `json:"waiters"`
+	// PreviousHandles counts the handle leases held through a previous
+	// daemon's mount whose open file a process still holds
+	// (docs/PROTOCOL.md §2, "Handle leases across restarts").
+	PreviousHandles int `json:"previous_daemon_handle_leases,omitempty"`
 	// OldestHeartbeat is the least recent heartbeat of a live token lease.
 	OldestHeartbeat *time.Time `json:"oldest_heartbeat,omitempty"`
 }
@@ -147,6 +151,9 @@ func readDaemonStatus(cmd *cobra.Command, state string, sf *storeFlags) (daemonS
 	for _, l := range leases {
 		st.Leases[string(l.Mode)]++
 		st.Waiters += l.Waiters
+		if l.Daemon == leasecore.DaemonPrevious {
+			st.PreviousHandles++
+		}
 		if l.Mode == leasecore.ModeToken && (st.OldestHeartbeat == nil || l.HeartbeatAt.Before(*st.OldestHeartbeat)) {
 			hb := l.HeartbeatAt.UTC()
 			st.OldestHeartbeat = &hb
@@ -180,6 +187,9 @@ func printStatus(w io.Writer, st daemonStatus) {
 	}
 	fmt.Fprintf(w, "leases:      %d token, %d handle\n", st.Leases[string(leasecore.ModeToken)], st.Leases[string(leasecore.ModeHandle)])
 	fmt.Fprintf(w, "waiters:     %d\n", st.Waiters)
+	if st.PreviousHandles > 0 {
+		fmt.Fprintf(w, "previous daemon: %d handle leases still held through its mount\n", st.PreviousHandles)
+	}
 	if st.OldestHeartbeat != nil {
 		fmt.Fprintf(w, "oldest heartbeat: %s (%s ago)\n", st.OldestHeartbeat.Format(time.RFC3339), age(time.Since(*st.OldestHeartbeat)))
 	}

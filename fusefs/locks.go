@@ -162,8 +162,7 @@ func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileL
 	case syscall.F_RDLCK:
 		return h.fsys.refuse(op, h.resource, req.c, syscall.ENOLCK, "leases are exclusive: shared locks are not supported")
 	case syscall.F_UNLCK:
-		h.unlock(req)
-		return 0
+		return h.unlock(op, req)
 	case syscall.F_WRLCK:
 		return h.lock(ctx, op, req)
 	}
@@ -171,18 +170,34 @@ func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileL
 }
 
 // unlock ends the handle lease held by the requesting lock owner, if any.
-func (h *leaseHandle) unlock(req lockRequest) {
+// A flock(2) unlock whose end the store refuses (ENOSPC, EIO: the disk is
+// full) fails, and the open file still holds the lease: the end of a handle
+// lease is never deferred (docs/PROTOCOL.md §6, "Choices").
+func (h *leaseHandle) unlock(op string, req lockRequest) syscall.Errno {
 	if !req.flock {
 		h.fsys.posixClose(req.key)
-		return
+		return 0
 	}
 	h.mu.Lock()
 	id, bound := h.id, h.bound
-	h.bound = false
 	h.mu.Unlock()
-	if bound {
-		h.fsys.endHandleLease(id, "unlocked")
+	if !bound {
+		return 0
 	}
+	l, err := h.fsys.store.End(context.Background(), id, leasecore.StatusComplete)
+	switch {
+	case err == nil:
+		h.fsys.log.Info("released", "resource", l.Resource, "lease", id, "reason", "unlocked")
+	case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
+	default:
+		return h.fsys.refuse(op, h.resource, req.c, toErrno(err), err)
+	}
+	h.mu.Lock()
+	if h.id == id {
+		h.bound = false
+	}
+	h.mu.Unlock()
+	return 0
 }
 
 // lock binds the handle's own lease when this open file is its credential,

@@ -143,14 +143,15 @@ func TestLockAfterWaitHeldThroughGC(t *testing.T) {
 	}
 }
 
-// When the daemon stops while the command runs, the command gets SIGTERM
-// and lock exits 4; the mount comes from the daemon serving the default
-// state directory when neither --mount nor $LEASEFS_MOUNT says.
+// When the daemon stops while the command runs and is not back within
+// --reconnect-timeout, the command gets SIGTERM and lock exits 4; the mount
+// comes from the daemon serving the default state directory when neither
+// --mount nor $LEASEFS_MOUNT says.
 func TestLockLostLease(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	env := []string{"LEASEFS_STATE=" + d.state, "LEASEFS_MOUNT="}
-	p := startProc(t, env, leasefsBin, "lock", "--grace", "5s", "long", "--",
+	p := startProc(t, env, leasefsBin, "lock", "--grace", "5s", "--reconnect-timeout", "1s", "long", "--",
 		"bash", "-c", `trap 'echo got-term; exit 0' TERM; echo running; while :; do sleep 0.05; done`)
 	p.expect(`(?m)^running$`, holdTimeout)
 	d.stop(true)
@@ -195,9 +196,9 @@ func TestLockLostLeaseStopsTheCommandsChildren(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	d.stop(true)
+	mustSh(t, `rm -f "$P"`, "P="+filepath.Join(d.mountpoint, "tree")) // root ends the lease
 	if r := p.wait(20 * time.Second); r.code != 4 {
-		t.Fatalf("lock whose daemon stopped: exit %d, want 4: %s", r.code, r)
+		t.Fatalf("lock whose lease root removed: exit %d, want 4: %s", r.code, r)
 	}
 	for _, pid := range pids {
 		eventually(t, 5*time.Second, fmt.Sprintf("child %d of the command is gone", pid), func() (bool, string) {
@@ -232,9 +233,9 @@ func TestLockLostLeaseKillsWhatForksMeanwhile(t *testing.T) {
 	p := startProc(t, nil, leasefsBin, "lock", "--grace", "500ms", "--mount", d.mountpoint, "forks", "--", "bash", "-c",
 		`trap "" TERM; echo running; while :; do (trap "" TERM; exec sleep `+marker+`) & sleep 0.002; done`)
 	p.expect(`(?m)^running$`, holdTimeout)
-	d.stop(true)
+	mustSh(t, `rm -f "$P"`, "P="+filepath.Join(d.mountpoint, "forks")) // root ends the lease
 	if r := p.wait(30 * time.Second); r.code != 4 {
-		t.Fatalf("lock whose daemon stopped: exit %d, want 4: %s", r.code, r)
+		t.Fatalf("lock whose lease root removed: exit %d, want 4: %s", r.code, r)
 	}
 	eventually(t, 5*time.Second, "no process of the command is left", func() (bool, string) {
 		left := procsWithArg(marker)

@@ -79,7 +79,7 @@ const maxSpareFiles = 1024 + 2*256
 
 // stateDirFiles are the files a state directory may hold besides records.
 var stateDirFiles = map[string]bool{"writer-leases": true, "generation": true, "namespaces.toml": true, "leasefs.lock": true, "leasefs.lock.json": true,
-	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true, "records.cache": true}
+	"lease-duration": true, "waiters.toml": true, "journal.0": true, "journal.1": true, "records.cache": true, "mounts.json": true}
 
 // scan inspects the state directory while no daemon runs: every record
 // version not seen before must parse and be well formed, no file may contain

@@ -98,10 +98,26 @@ func TestHandleLeasesSurviveRestart(t *testing.T) {
 					t.Fatalf("the daemon handing over: exited %v, code %d; stderr:\n%s", exited, code, d1.stderr())
 				}
 			}
+			if d2 == nil && stop == "sigkill" && (testStoreKind == "" || testStoreKind == "file") {
+				// With no daemon, ls and status read the records and /proc.
+				for _, h := range holders {
+					e := findLease(cliJSON(t, "ls", "--state", d1.state, "--json"), h.id)
+					if e == nil || e["daemon"] != "previous" || e["holder_pids"] == "" {
+						t.Errorf("ls with no daemon: %s is %v, want it live with daemon = previous and holder_pids", filepath.Base(h.p), e)
+					}
+				}
+				if r := runClient(t, nil, leasefsBin, "status", "--state", d1.state); !strings.Contains(r.stdout, "previous daemon: 5 handle leases") {
+					t.Errorf("status with no daemon: %s\nwant the 5 handle leases of the previous daemon", r)
+				}
+			}
 			if d2 == nil {
 				touch(t, early.goFile)
 				early.proc.wait(holdTimeout)
-				d2 = startDaemon(t, daemonOpts{mountpoint: d1.mountpoint, state: d1.state})
+				d2 = startDaemon(t, daemonOpts{mountpoint: d1.mountpoint, state: d1.state, metricsAddr: "127.0.0.1:0"})
+				got, body := scrapeMetrics(t, d2.metricsURL(t))
+				if n := got["leasefs_previous_daemon_handle_leases"]; n != float64(len(holders)) {
+					t.Errorf("leasefs_previous_daemon_handle_leases = %v after the restart, want %d\n%s", n, len(holders), body)
+				}
 			} else {
 				holders = append(holders, early) // no time without a daemon: it is one more survivor
 			}

@@ -38,13 +38,15 @@ type Options struct {
 	// Used by "leasefs ls" and "history".
 	ReadOnly bool
 	// NoDaemon, with ReadOnly, says that no daemon serves the directory:
-	// handle leases of this host, which live only as long as a daemon's
-	// open files, are then reported dead (docs/PROTOCOL.md §2).
+	// handle leases of this host are then reported dead, unless
+	// HandleHolders finds a process holding their open file
+	// (docs/PROTOCOL.md §2).
 	NoDaemon bool
 	// HandleHolders, when set, is asked at open about each active handle
 	// lease of this host (a previous daemon's) and returns the processes
 	// that still hold the open file it was locked on: the lease is kept,
-	// marked [DaemonPrevious] with those [Lease.HolderPIDs]. None, or no
+	// marked [DaemonPrevious] with those [Lease.HolderPIDs] (a ReadOnly
+	// store only marks it). None, or no
 	// HandleHolders, ends it as abandoned ("handle lease of a previous
 	// daemon"). docs/PROTOCOL.md §2, "Handle leases across restarts". It is
 	// called during open, before the store is returned, and must not call
@@ -266,8 +268,8 @@ func (s *store) deadReason(e *entry) string {
 	switch {
 	case l.Status != StatusActive:
 		return "ended"
-	case l.Mode == ModeHandle && local && s.opts.ReadOnly && s.opts.NoDaemon:
-		return "no daemon holds its open file"
+	case l.Mode == ModeHandle && local && s.opts.ReadOnly && s.opts.NoDaemon && l.Daemon != DaemonPrevious:
+		return "no daemon holds its open file, nor any process one of a previous daemon"
 	case l.Mode == ModeToken && s.opts.Clock.Mono()-e.hbMono >= s.opts.LeaseDuration:
 		return "heartbeat expired"
 	case !local:

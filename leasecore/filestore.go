@@ -491,6 +491,13 @@ func (s *FileStore) load() error {
 			settle = append(settle, prev)
 		}
 		s.addLive(e)
+		if s.opts.ReadOnly && e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host && s.opts.HandleHolders != nil {
+			// A reader shows a handle lease of a previous daemon that a
+			// process still holds as such (docs/PROTOCOL.md §2).
+			if pids := s.opts.HandleHolders(e.lease); len(pids) > 0 {
+				e.lease.Daemon, e.lease.HolderPIDs = DaemonPrevious, FormatPIDs(pids)
+			}
+		}
 		if e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host || e.lease.Generation == 0 {
 			settle = append(settle, e)
 		}

@@ -323,7 +323,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	// Before the store opens: which handle leases of previous daemons
 	// still have their open file (docs/PROTOCOL.md §2).
-	survivors := scanSurvivors(state, opts.AllowOther, log)
+	survivors := scanSurvivors(state, opts.AllowOther, log, 0)
 	store, err := openStore(ctx, log, StoreHooks{OnCommit: mtr.onCommit(), HandleHolders: survivors.holders})
 	if err != nil {
 		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)

@@ -80,7 +80,7 @@ func TestRunOpenStoreError(t *testing.T) {
 	if m, ok := mountedAt(Mounts(), mp); ok {
 		t.Errorf("Run left a mount on %s: %+v", mp, m)
 	}
-	if got, want := stateFiles(t, state), []string{DaemonLockName, MountsRecordName}; !slices.Equal(got, want) {
+	if got, want := stateFiles(t, state), []string{DaemonLockName}; !slices.Equal(got, want) {
 		t.Errorf("state directory holds %q, want only %q", got, want)
 	}
 	if held, _ := daemonlock.Held(lockPath); held {

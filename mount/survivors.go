@@ -12,6 +12,7 @@ import (
 	"github.com/google/renameio/v2"
 
 	"github.com/leasefs/leasefs/fusefs"
+	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/internal/openfiles"
 	"github.com/leasefs/leasefs/leasecore"
 )
@@ -55,6 +56,11 @@ func writeMountsRecord(state string, mounts []int) error {
 	if len(mounts) > maxRecordedMounts {
 		mounts = mounts[:maxRecordedMounts]
 	}
+	// A write that a crash cut short leaves a temporary file beside it.
+	leftovers, _ := filepath.Glob(filepath.Join(state, "."+MountsRecordName+"*"))
+	for _, p := range leftovers {
+		_ = os.Remove(p)
+	}
 	b, err := json.MarshalIndent(mountsRecord{BootID: leasecore.BootID(), Mounts: mounts, UpdatedAt: time.Now().UTC()}, "", "  ")
 	if err != nil {
 		return err
@@ -75,19 +81,23 @@ type survivorScan struct {
 	failed string // why holders cannot be checked at all; "" when they can
 }
 
-// scanSurvivors reads the mounts recorded in state and looks for their open
-// files in every process. A recorded mount id that names an attached mount
-// now was reused by another mount (the old one is gone) and is dropped.
+// scanSurvivors reads the mounts recorded in state (an absolute path) and
+// looks for their open files in every process, leaving out the mount
+// exclude (0: none). A recorded mount id that names an attached mount of
+// another kind or source now was reused by another mount (the old one is
+// gone) and is dropped.
 // allowOther says whether other users may use the mount: without it, and
 // not root, a process of another uid can hold none of its files.
-func scanSurvivors(state string, allowOther bool, log *slog.Logger) *survivorScan {
+func scanSurvivors(state string, allowOther bool, log *slog.Logger, exclude int) *survivorScan {
 	ss := &survivorScan{log: log}
-	attached := make(map[int]bool)
+	// An attached mount with a recorded id is ours only if it is a leasefs
+	// mount of this state directory (a dead daemon's, not yet detached).
+	reused := make(map[int]bool)
 	for _, m := range Mounts() {
-		attached[m.ID] = true
+		reused[m.ID] = m.FSType != fsType || m.Source != state
 	}
 	for _, id := range readMountsRecord(state) {
-		if id > 0 && !attached[id] && !slices.Contains(ss.mounts, id) {
+		if id > 0 && id != exclude && !reused[id] && !slices.Contains(ss.mounts, id) {
 			ss.mounts = append(ss.mounts, id)
 		}
 	}
@@ -141,4 +151,36 @@ func (ss *survivorScan) record(state string, own int) error {
 		}
 	}
 	return writeMountsRecord(state, mounts)
+}
+
+// HandleHolders returns, for a reader of the state directory state (the
+// "ls", "history" and "status" commands), the processes still holding the
+// open file of a handle lease locked through a previous daemon's mount
+// (docs/PROTOCOL.md §2, "Handle leases across restarts"): the value of
+// [leasecore.Options.HandleHolders] for a read-only store. The serving
+// daemon's own mount, recorded first, is left out. It scans
+// /proc once, when called; processes it cannot read are left out.
+func HandleHolders(state string) func(leasecore.Lease) []int {
+	abs, err := filepath.Abs(state)
+	if err != nil {
+		return nil
+	}
+	exclude := 0 // the serving daemon's own mount, recorded first
+	if held, ok := daemonlock.Held(filepath.Join(abs, DaemonLockName)); !ok || held {
+		if rec := readMountsRecord(abs); len(rec) > 0 {
+			exclude = rec[0]
+		}
+	}
+	ss := scanSurvivors(abs, true, slog.New(slog.DiscardHandler), exclude)
+	if ss.failed != "" || len(ss.mounts) == 0 {
+		return nil
+	}
+	return func(l leasecore.Lease) []int {
+		for _, m := range ss.mounts {
+			if pids := ss.scan.Holders[fusefs.OpenFileOf(m, l)]; len(pids) > 0 {
+				return pids
+			}
+		}
+		return nil
+	}
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // storeCollector reads the live leases of a store at each scrape:
-// leasefs_live_leases by mode and leasefs_lock_waiters; for a store that
+// leasefs_live_leases by mode, leasefs_lock_waiters and
+// leasefs_previous_daemon_handle_leases; for a store that
 // reports its connection ([leasecore.HealthReporter], the etcd store) also
 // leasefs_store_reachable and leasefs_store_unreachable_calls_total; for a
 // store that writes record files behind its journal
@@ -22,6 +23,7 @@ type storeCollector struct {
 	reachable   *prometheus.Desc
 	unreachable *prometheus.Desc
 	lagging     *prometheus.Desc
+	previous    *prometheus.Desc
 }
 
 var _ prometheus.Collector = storeCollector{}
@@ -37,6 +39,8 @@ func newStoreCollector(store leasecore.Store) storeCollector {
 			"1 while the store's remote service (the etcd cluster) answered its last call, else 0.", nil, nil),
 		unreachable: prometheus.NewDesc("leasefs_store_unreachable_calls_total",
 			"Store calls that failed because the remote service (the etcd cluster) did not answer.", nil, nil),
+		previous: prometheus.NewDesc("leasefs_previous_daemon_handle_leases",
+			"Live handle leases locked through a previous daemon's mount whose open file a process still holds (docs/PROTOCOL.md §2).", nil, nil),
 		lagging: prometheus.NewDesc("leasefs_store_lagging_records",
 			"Records whose change is durable in the journal and not yet written to the record file (0 within 100 ms of the last change while the disk accepts writes).", nil, nil),
 	}
@@ -46,6 +50,7 @@ func newStoreCollector(store leasecore.Store) storeCollector {
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.live
 	ch <- c.waiters
+	ch <- c.previous
 	if _, ok := c.store.(leasecore.HealthReporter); ok {
 		ch <- c.reachable
 		ch <- c.unreachable
@@ -76,8 +81,11 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.live, err)
 		return
 	}
-	var token, handle, waiters int
+	var token, handle, waiters, previous int
 	for _, l := range leases {
+		if l.Daemon == leasecore.DaemonPrevious {
+			previous++
+		}
 		switch l.Mode {
 		case leasecore.ModeToken:
 			token++
@@ -89,4 +97,5 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.live, prometheus.GaugeValue, float64(token), string(leasecore.ModeToken))
 	ch <- prometheus.MustNewConstMetric(c.live, prometheus.GaugeValue, float64(handle), string(leasecore.ModeHandle))
 	ch <- prometheus.MustNewConstMetric(c.waiters, prometheus.GaugeValue, float64(waiters))
+	ch <- prometheus.MustNewConstMetric(c.previous, prometheus.GaugeValue, float64(previous))
 }
