@@ -171,6 +171,16 @@ func openForReading(ctx context.Context, state string, sf *storeFlags, stderr io
 	}
 	o.ReadOnly = true
 	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The daemon identity of the mount of state (etcdOpener), so that the
+	// handle leases held through its previous daemon's mount show as such
+	// (docs/PROTOCOL.md §2).
+	abs, err := filepath.Abs(state)
+	if err != nil {
+		return nil, err
+	}
+	o.Host = leasecore.Hostname()
+	o.DaemonID = o.Host + ":" + abs
+	o.HandleHolders = mount.HandleHolders(abs)
 	s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the lease store %s: %w", sf.store, err)

@@ -101,14 +101,20 @@ type Store struct {
 
 	mu      sync.Mutex
 	closed  bool
-	closing bool                     // Close has begun: the session is not granted again
-	rev     int64                    // highest revision seen
-	known   map[string]*known        // lease id → what this store knows of it
-	live    map[string]*rec          // resource → live lease, as the watch last showed it
-	handles map[string]*handle       // lease id → keep-alive of a handle lease of this store
-	changed map[string]chan struct{} // resource → closed at its next change
-	ended   int                      // leases ended since the last prune
-	health  leasecore.Health         // see [Store.Health]
+	closing bool               // Close has begun: the session is not granted again
+	rev     int64              // highest revision seen
+	known   map[string]*known  // lease id → what this store knows of it
+	live    map[string]*rec    // resource → live lease, as the watch last showed it
+	handles map[string]*handle // lease id → keep-alive of a handle lease of this store
+	// previous, of a read-only store: lease id → holder pids of the
+	// handle leases of this store's daemon identity that a process holds
+	// through a previous daemon's mount, found at open (docs/PROTOCOL.md
+	// §2, "Handle leases across restarts"); shown as
+	// [leasecore.Lease.Daemon] "previous" while the lease lives.
+	previous map[string]string
+	changed  map[string]chan struct{} // resource → closed at its next change
+	ended    int                      // leases ended since the last prune
+	health   leasecore.Health         // see [Store.Health]
 }
 
 // known is what a store knows of a lease it has seen: enough to answer for
@@ -259,8 +265,9 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		ttl: int64((opts.LeaseDuration + time.Second - 1) / time.Second),
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),
-		handles: make(map[string]*handle), changed: make(map[string]chan struct{}),
-		health: leasecore.Health{Reachable: true},
+		handles: make(map[string]*handle), previous: make(map[string]string),
+		changed: make(map[string]chan struct{}),
+		health:  leasecore.Health{Reachable: true},
 	}
 	if err := s.start(ctx); err != nil {
 		cancel()
@@ -290,8 +297,17 @@ func (s *Store) start(ctx context.Context) error {
 		}
 		s.live[r.l.Resource] = r
 		s.remember(r)
-		if !s.opts.ReadOnly && r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
+		if r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
 			stale = append(stale, r)
+		}
+	}
+	if s.opts.ReadOnly {
+		// A reader only shows what the daemon keeps (§2): it changes
+		// nothing in the cluster.
+		for _, r := range stale {
+			if pids := s.holders(r.l); len(pids) > 0 {
+				s.previous[r.l.ID] = leasecore.FormatPIDs(pids)
+			}
 		}
 	}
 	if !s.opts.ReadOnly {
@@ -635,6 +651,8 @@ func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
 			if h.previous != "" {
 				l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, h.previous
 			}
+		} else if pids := s.previous[l.ID]; pids != "" {
+			l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, pids
 		}
 	}
 	return l

@@ -98,8 +98,9 @@ func TestHandleLeasesSurviveRestart(t *testing.T) {
 					t.Fatalf("the daemon handing over: exited %v, code %d; stderr:\n%s", exited, code, d1.stderr())
 				}
 			}
-			if d2 == nil && stop == "sigkill" && (testStoreKind == "" || testStoreKind == "file") {
-				// With no daemon, ls and status read the records and /proc.
+			if d2 == nil && stop == "sigkill" {
+				// With no daemon, ls and status read the store (the
+				// records, or the cluster) and /proc.
 				for _, h := range holders {
 					e := findLease(cliJSON(t, "ls", "--state", d1.state, "--json"), h.id)
 					if e == nil || e["daemon"] != "previous" || e["holder_pids"] == "" {
