@@ -40,6 +40,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/leasefs/leasefs/leasecore"
 )
@@ -81,6 +82,10 @@ type Options struct {
 	// Username and Password authenticate to the cluster when Username is
 	// set.
 	Username, Password string
+	// DialOptions are added to the gRPC options of the store's cluster
+	// client: for example interceptors that count the calls each system
+	// call costs (docs/ARCHITECTURE.md, "What a system call costs").
+	DialOptions []grpc.DialOption
 }
 
 // Store is a [leasecore.Store] kept in etcd. Safe for concurrent use.
@@ -96,6 +101,8 @@ type Store struct {
 	wg     sync.WaitGroup
 	feed   leasecore.Feed
 	kick   chan struct{}
+	// bucketKick wakes keepBuckets when a bucket is used.
+	bucketKick chan struct{}
 
 	session clientv3.LeaseID // of waiter keys; 0 for a read-only store
 
@@ -105,7 +112,11 @@ type Store struct {
 	rev     int64              // highest revision seen
 	known   map[string]*known  // lease id → what this store knows of it
 	live    map[string]*rec    // resource → live lease, as the watch last showed it
-	handles map[string]*handle // lease id → keep-alive of a handle lease of this store
+	handles map[string]*handle // lease id → a handle lease this store keeps alive on hs
+	hs      hsession           // the etcd lease of this store's handle leases
+	bucket  bucket             // the etcd lease of the token leases reserved or renewed now
+	waiting map[string]int     // resource → waiter keys, as the watch last showed them
+	perUID  map[uint32]int     // uid → leases in live, for the quota of docs/PROTOCOL.md §7
 	// previous, of a read-only store: lease id → holder pids of the
 	// handle leases of this store's daemon identity that a process holds
 	// through a previous daemon's mount, found at open (docs/PROTOCOL.md
@@ -132,15 +143,9 @@ type known struct {
 	lost bool
 }
 
-// handle is the keep-alive of one handle lease held by this store.
+// handle is one handle lease that this store keeps alive on its handle
+// session ([hsession]), whose deadline is the lease's local end.
 type handle struct {
-	cancel context.CancelFunc
-	// deadline is the lease's local end (docs/PROTOCOL.md §8a): the send
-	// time of the last keep-alive (or grant) the cluster confirmed, plus
-	// the etcd lease's TTL, minus [localMargin]. It is a reading of the
-	// real monotonic clock (time.Now), not of Options.Clock: it is compared
-	// with etcd's own TTL countdown. Guarded by Store.mu; it only grows.
-	deadline time.Time
 	// previous, for a lease bound through a previous daemon's mount that
 	// this store kept at its start, is [leasecore.Lease.HolderPIDs]; ""
 	// once the lease binds to an open file of this daemon. Guarded by
@@ -255,6 +260,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		Password:             opts.Password,
 		Logger:               zap.NewNop(),
 		Context:              context.Background(),
+		DialOptions:          opts.DialOptions,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcdstore: connect to %s: %w", strings.Join(endpoints, ","), err)
@@ -266,6 +272,8 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),
 		handles: make(map[string]*handle), previous: make(map[string]string),
+		bucketKick: make(chan struct{}, 1),
+		waiting:    make(map[string]int), perUID: make(map[uint32]int),
 		changed: make(map[string]chan struct{}),
 		health:  leasecore.Health{Reachable: true},
 	}
@@ -277,29 +285,36 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	return s, nil
 }
 
-// start loads the live leases, ends this daemon's previous handle leases,
-// grants the session lease and starts the watch, the reaper and the
-// session keep-alive.
+// start loads the live leases and the waiter keys, grants the handle
+// session, keeps the handle leases of this daemon's predecessor that a
+// process still holds and ends the others, grants the session lease of
+// waiter keys and starts the watch, the reaper and the keep-alives.
 func (s *Store) start(ctx context.Context) error {
 	cctx, done := s.call(ctx)
-	resp, err := s.cli.Get(cctx, s.k.livePrefix(""), clientv3.WithPrefix())
+	resp, err := s.cli.Txn(cctx).Then(
+		clientv3.OpGet(s.k.livePrefix(""), clientv3.WithPrefix()),
+		clientv3.OpGet(s.k.waitersAll(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
 	done()
 	if err != nil {
 		return fmt.Errorf("etcdstore: read the live leases under %s: %w", s.k, err)
 	}
 	s.rev = resp.Header.Revision
 	var stale []*rec
-	for _, kv := range resp.Kvs {
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		r, err := s.decode(kv, true)
 		if err != nil {
 			s.opts.Logger.Warn("ignoring a malformed lease key", "key", string(kv.Key), "err", err)
 			continue
 		}
-		s.live[r.l.Resource] = r
-		s.remember(r)
+		s.setLive(r)
 		if r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
 			stale = append(stale, r)
 		}
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		_, resource := s.k.classify(string(kv.Key))
+		s.waiting[resource]++
 	}
 	if s.opts.ReadOnly {
 		// A reader only shows what the daemon keeps (§2): it changes
@@ -309,38 +324,48 @@ func (s *Store) start(ctx context.Context) error {
 				s.previous[r.l.ID] = leasecore.FormatPIDs(pids)
 			}
 		}
+		from := s.rev
+		s.wg.Go(func() { s.watch(from) })
+		return nil
 	}
-	if !s.opts.ReadOnly {
-		for _, r := range stale {
-			// A handle lease lives while its open file does, whoever
-			// serves it (docs/PROTOCOL.md §2): one still held is kept
-			// alive again, the others are ended.
-			reason := "handle lease of a previous daemon"
-			if pids := s.holders(r.l); len(pids) > 0 {
-				if s.resumeKeepAlive(ctx, r) {
-					s.mu.Lock()
-					if h := s.handles[r.l.ID]; h != nil {
-						h.previous = leasecore.FormatPIDs(pids)
-					}
-					s.mu.Unlock()
-					continue
-				}
-				reason = "its etcd lease expired while no daemon kept it alive"
-			}
-			if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err != nil && !errors.Is(err, errRaced) {
+	if err := s.grantHandleSession(ctx); err != nil {
+		return fmt.Errorf("etcdstore: grant the handle session: %w", err)
+	}
+	for _, r := range stale {
+		// A handle lease lives while its open file does, whoever serves
+		// it (docs/PROTOCOL.md §2): one still held is kept alive again,
+		// the others are ended.
+		reason := "handle lease of a previous daemon"
+		if pids := s.holders(r.l); len(pids) > 0 {
+			kept, err := s.resumeKeepAlive(ctx, r)
+			if err != nil {
 				return err
 			}
-			s.opts.Logger.Info("lease ended", "resource", r.l.Resource, "lease", r.l.ID,
-				"status", leasecore.StatusAbandoned, "reason", reason)
+			if kept {
+				s.mu.Lock()
+				if h := s.handles[r.l.ID]; h != nil {
+					h.previous = leasecore.FormatPIDs(pids)
+				}
+				s.mu.Unlock()
+				continue
+			}
+			reason = "its etcd lease expired while no daemon kept it alive"
 		}
-		ka, err := s.grantSession(ctx)
-		if err != nil {
+		if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err != nil && !errors.Is(err, errRaced) {
 			return err
 		}
-		s.wg.Go(func() { s.keepSession(ka) })
-		s.wg.Go(s.reaper)
+		s.opts.Logger.Info("lease ended", "resource", r.l.Resource, "lease", r.l.ID,
+			"status", leasecore.StatusAbandoned, "reason", reason)
+	}
+	ka, err := s.grantSession(ctx)
+	if err != nil {
+		return err
 	}
 	from := s.rev // before any goroutine can change it
+	s.wg.Go(func() { s.keepSession(ka) })
+	s.wg.Go(s.keepHandles)
+	s.wg.Go(s.keepBuckets)
+	s.wg.Go(s.reaper)
 	s.wg.Go(func() { s.watch(from) })
 	return nil
 }
@@ -354,31 +379,38 @@ func (s *Store) holders(l leasecore.Lease) []int {
 	return s.opts.HandleHolders(l)
 }
 
-// resumeKeepAlive keeps alive again the etcd lease of handle lease r, left
-// by a previous daemon of this identity whose open file a process still
-// holds (docs/PROTOCOL.md §2, §8a), and reports whether the cluster still
-// had it: a daemon back within the TTL of the last keep-alive keeps the
-// lease, one away longer finds it expired.
-func (s *Store) resumeKeepAlive(ctx context.Context, r *rec) bool {
+// resumeKeepAlive keeps alive again handle lease r, left by a previous
+// daemon of this identity whose open file a process still holds
+// (docs/PROTOCOL.md §2, §8a), and reports whether the cluster still had
+// its etcd lease: a daemon back within the TTL of the last keep-alive
+// keeps the lease, one away longer finds it expired. A lease kept is moved
+// to this store's handle session in one transaction; the old etcd lease
+// then expires on its own.
+func (s *Store) resumeKeepAlive(ctx context.Context, r *rec) (bool, error) {
 	lid := clientv3.LeaseID(r.kv.Lease)
 	if lid == 0 {
-		return false
-	}
-	ttl := r.duration
-	if ttl <= 0 {
-		ttl = time.Duration(s.ttl) * time.Second
+		return false, nil
 	}
 	cctx, done := s.call(ctx)
-	sent := time.Now()
 	resp, err := s.cli.KeepAliveOnce(cctx, lid)
 	done()
 	if err != nil || resp.TTL <= 0 {
-		return false
+		return false, nil
 	}
-	s.keepAlive(r.l.ID, lid, sent, time.Duration(resp.TTL)*time.Second)
+	session, err := s.handleSession()
+	if err != nil {
+		return false, err
+	}
+	if _, err := s.put(ctx, r, r.l, r.change, session); err != nil {
+		if errors.Is(err, errRaced) || errors.Is(err, leasecore.ErrInactive) {
+			return false, nil
+		}
+		return false, err
+	}
+	s.keepAlive(r.l.ID)
 	s.opts.Logger.Info("handle lease kept", "resource", r.l.Resource, "lease", r.l.ID,
 		"generation", r.l.Generation, "reason", "a process still holds the open file it was locked on")
-	return true
+	return true, nil
 }
 
 // grantSession grants a new session lease for waiter keys and starts its
@@ -596,6 +628,35 @@ func (s *Store) decodeExtra(r *rec) {
 	}
 }
 
+// setLive records r as the live lease of its resource, unless this store
+// already knows a later version of that key (by mod revision), and
+// remembers it. Its own transactions, its reads and its watch all feed it,
+// so that a read through an open descriptor can answer from what the
+// daemon has learned (docs/PROTOCOL.md §3, §8a). The caller holds mu.
+func (s *Store) setLive(r *rec) {
+	if cur := s.live[r.l.Resource]; cur != nil {
+		if cur.kv.ModRevision > r.kv.ModRevision {
+			return
+		}
+		s.perUID[cur.l.HolderUID]--
+	}
+	s.live[r.l.Resource] = r
+	s.perUID[r.l.HolderUID]++
+	s.remember(r)
+}
+
+// dropLive forgets the live lease of resource that a delete at revision
+// rev removed, unless this store knows a later version of the key. The
+// caller holds mu.
+func (s *Store) dropLive(resource string, rev int64) {
+	if cur := s.live[resource]; cur != nil && cur.kv.ModRevision < rev {
+		delete(s.live, resource)
+		if s.perUID[cur.l.HolderUID]--; s.perUID[cur.l.HolderUID] <= 0 {
+			delete(s.perUID, cur.l.HolderUID)
+		}
+	}
+}
+
 // remember records what the store saw of a live lease.
 func (s *Store) remember(r *rec) {
 	k := s.known[r.l.ID]
@@ -622,7 +683,7 @@ func (s *Store) deadReason(r *rec) string {
 	switch {
 	case k.lost:
 		return "keep-alive lost"
-	case s.handles[r.l.ID] != nil && !time.Now().Before(s.handles[r.l.ID].deadline):
+	case s.handles[r.l.ID] != nil && !time.Now().Before(s.hs.deadline):
 		return "keep-alive not confirmed before the local deadline"
 	case r.l.Mode == leasecore.ModeToken && s.opts.Clock.Mono()-k.hbMono >= s.durationOf(r):
 		return "heartbeat expired"
@@ -647,7 +708,7 @@ func (s *Store) snapshot(r *rec, waiters int64) leasecore.Lease {
 	if l.Status == leasecore.StatusActive {
 		l.Waiters = int(waiters)
 		if h := s.handles[l.ID]; h != nil {
-			l.KeepAliveUntil = h.deadline.UTC().Truncate(time.Millisecond)
+			l.KeepAliveUntil = s.hs.deadline.UTC().Truncate(time.Millisecond)
 			if h.previous != "" {
 				l.Daemon, l.HolderPIDs = leasecore.DaemonPrevious, h.previous
 			}

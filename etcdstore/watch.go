@@ -75,6 +75,16 @@ func (s *Store) apply(evs []*clientv3.Event) {
 		kind, resource := s.k.classify(string(ev.Kv.Key))
 		switch kind {
 		case "waiters":
+			s.mu.Lock()
+			switch {
+			case ev.Type == mvccpb.PUT && ev.IsCreate():
+				s.waiting[resource]++
+			case ev.Type == mvccpb.DELETE:
+				if s.waiting[resource]--; s.waiting[resource] <= 0 {
+					delete(s.waiting, resource)
+				}
+			}
+			s.mu.Unlock()
 			s.notify(resource)
 		case "history":
 			if ev.Type == mvccpb.PUT {
@@ -100,8 +110,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 					e.Change = leasecore.ChangeRenewed
 				}
 				s.mu.Lock()
-				s.live[resource] = r
-				s.remember(r)
+				s.setLive(r)
 				e.Lease = r.l
 				s.fill(&e.Lease, s.durationOf(r))
 				s.rev = max(s.rev, rev)
@@ -134,9 +143,7 @@ func (s *Store) apply(evs []*clientv3.Event) {
 				}
 			}
 			s.mu.Lock()
-			if s.live[resource] != nil && s.live[resource].l.ID == prev.l.ID {
-				delete(s.live, resource)
-			}
+			s.dropLive(resource, rev)
 			k := s.known[prev.l.ID]
 			published := k != nil && k.lost
 			if h == nil && k != nil {
@@ -298,172 +305,6 @@ func (s *Store) dropWaiter(key string) {
 	})
 }
 
-// keepAlive keeps etcd lease lid of handle lease id alive until the lease
-// ends or the store closes, the Chubby way (Burrows, "The Chubby lock
-// service", OSDI 2006, §2.8): the local end of the lease comes before the
-// cluster's. confirmed is the send time of the request (the grant or a
-// keep-alive) whose answer last confirmed lid with a TTL of ttl; the lease
-// is kept until confirmed + ttl - [localMargin], and each keep-alive the
-// cluster answers moves that deadline to its own send time + ttl - margin.
-// etcd counts the TTL from when it received a keep-alive, which is after
-// it was sent, so etcd cannot expire lid before this store's deadline (up
-// to clock-rate drift, which the margin covers). Keep-alives go out every
-// [keepAliveEvery] and each waits at most until the deadline. Once the
-// deadline passes without a newer answer, or the cluster says the etcd
-// lease is gone, the lease has ended for this store ([Store.lost]): it is
-// published as expired, reads of it answer from that knowledge without
-// asking the cluster, later calls on it fail with ErrInactive, and its key
-// is removed once the cluster answers again.
-func (s *Store) keepAlive(id string, lid clientv3.LeaseID, confirmed time.Time, ttl time.Duration) {
-	s.mu.Lock()
-	if s.closed || s.handles[id] != nil {
-		s.mu.Unlock()
-		return
-	}
-	ctx, cancel := context.WithCancel(s.bg)
-	h := &handle{cancel: cancel, deadline: confirmed.Add(ttl - localMargin(ttl))}
-	s.handles[id] = h
-	s.mu.Unlock()
-	s.wg.Go(func() {
-		if s.keepAliveLoop(ctx, h, lid, ttl) && ctx.Err() == nil {
-			s.lost(id)
-		}
-	})
-}
-
-// keepAliveLoop sends the keep-alives of etcd lease lid (TTL ttl) for
-// handle h until ctx ends (false) or the lease ended locally (true): its
-// deadline passed, or the cluster no longer has lid.
-func (s *Store) keepAliveLoop(ctx context.Context, h *handle, lid clientv3.LeaseID, ttl time.Duration) bool {
-	every := keepAliveEvery(ttl)
-	for {
-		s.mu.Lock()
-		deadline := h.deadline
-		s.mu.Unlock()
-		sent := time.Now()
-		if !sent.Before(deadline) {
-			return true
-		}
-		kctx, done := context.WithDeadline(ctx, minTime(deadline, sent.Add(s.opts.CallTimeout)))
-		resp, err := s.cli.KeepAliveOnce(kctx, lid)
-		done()
-		switch {
-		case ctx.Err() != nil:
-			return false
-		case err == nil && resp.TTL > 0:
-			s.mu.Lock()
-			if d := sent.Add(time.Duration(resp.TTL)*time.Second - localMargin(time.Duration(resp.TTL)*time.Second)); d.After(h.deadline) {
-				h.deadline = d
-			}
-			deadline = h.deadline
-			s.mu.Unlock()
-		case err == nil || isLeaseGone(err):
-			return true // the cluster ended lid
-		default:
-			s.opts.Logger.Debug("keep-alive of a handle lease failed", "etcd_lease", int64(lid), "err", err)
-		}
-		wait := time.NewTimer(time.Until(minTime(deadline, sent.Add(every))))
-		select {
-		case <-ctx.Done():
-			wait.Stop()
-			return false
-		case <-wait.C:
-		}
-	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
-// pastDeadline reports whether handle lease id, kept alive by this store,
-// has reached its local deadline (see [Store.keepAlive]); it then ends the
-// lease for this store at once rather than when its keep-alive loop next
-// wakes.
-func (s *Store) pastDeadline(id string) bool {
-	s.mu.Lock()
-	h := s.handles[id]
-	past := h != nil && !time.Now().Before(h.deadline)
-	s.mu.Unlock()
-	if past {
-		s.lost(id)
-	}
-	return past
-}
-
-// callFor bounds one cluster call about lease id like [Store.call] and,
-// when id is a handle lease this store keeps alive, also by its local
-// deadline: a read through the holder's descriptor never waits past the
-// moment the lease ends locally.
-func (s *Store) callFor(ctx context.Context, id string) (context.Context, context.CancelFunc) {
-	d := time.Now().Add(s.callTimeout())
-	s.mu.Lock()
-	if h := s.handles[id]; h != nil {
-		d = minTime(d, h.deadline)
-	}
-	s.mu.Unlock()
-	return context.WithDeadline(ctx, d)
-}
-
-// stopKeepAlive stops the keep-alive of handle lease id, if any.
-func (s *Store) stopKeepAlive(id string) {
-	s.mu.Lock()
-	h := s.handles[id]
-	delete(s.handles, id)
-	s.mu.Unlock()
-	if h != nil {
-		h.cancel()
-	}
-}
-
-// lost ends handle lease id for this store after its keep-alive failed.
-func (s *Store) lost(id string) {
-	s.mu.Lock()
-	if h := s.handles[id]; h != nil {
-		h.cancel()
-		delete(s.handles, id)
-	}
-	k := s.known[id]
-	if k == nil || k.lost || s.closed {
-		s.mu.Unlock()
-		return
-	}
-	k.lost = true
-	l := k.last
-	l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
-	l.CompletedAt = s.opts.Clock.Now().UTC()
-	k.last = l
-	s.feed.Publish(0, leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired, Lease: l})
-	s.mu.Unlock()
-	s.notify(l.Resource)
-	s.opts.Logger.Warn("lease ended", "resource", l.Resource, "lease", id, "generation", l.Generation,
-		"status", l.Status, "reason", "keep-alive of the handle lease not confirmed before its local deadline")
-	// Remove the key once the cluster answers (it may have kept the etcd
-	// lease alive over a restart), so that other mounts see the name free.
-	s.wg.Go(func() {
-		for s.bg.Err() == nil {
-			r, err := s.getLive(s.bg, l.Resource)
-			if err == nil {
-				if r != nil && r.l.ID == id {
-					if _, err = s.end(s.bg, r, l, leasecore.StatusAbandoned, chExpired); errors.Is(err, errRaced) {
-						continue
-					}
-				}
-				if err == nil {
-					return
-				}
-			}
-			select {
-			case <-s.bg.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	})
-}
-
 // reaper ends leases that the liveness rules killed, from the live leases
 // the watch shows (no round trip unless one looks dead), and prunes
 // history beyond HistoryKeep at most once a second.
@@ -484,7 +325,7 @@ func (s *Store) reaper() {
 			if s.known[r.l.ID] != nil && s.known[r.l.ID].lost {
 				continue // being removed by lost
 			}
-			if h := s.handles[r.l.ID]; h != nil && !time.Now().Before(h.deadline) {
+			if d, ok := s.handleDeadline(r.l.ID); ok && !time.Now().Before(d) {
 				continue // its keep-alive loop ends it now (lost)
 			}
 			if s.deadReason(r) != "" {
@@ -494,7 +335,7 @@ func (s *Store) reaper() {
 		prune := s.ended > 0 && time.Since(lastPrune) >= time.Second
 		s.mu.Unlock()
 		for _, r := range dead {
-			cur, err := s.getLive(s.bg, r.l.Resource)
+			cur, err := s.getLive(background(s.bg), r.l.Resource)
 			if err != nil || cur == nil || cur.l.ID != r.l.ID {
 				continue
 			}
@@ -504,7 +345,7 @@ func (s *Store) reaper() {
 			if reason == "" {
 				continue
 			}
-			if _, err := s.end(s.bg, cur, cur.l, leasecore.StatusAbandoned, chExpired); err == nil {
+			if _, err := s.end(background(s.bg), cur, cur.l, leasecore.StatusAbandoned, chExpired); err == nil {
 				s.logEnd(cur.l, reason)
 			} else if !errors.Is(err, errRaced) && s.bg.Err() == nil {
 				s.opts.Logger.Error("reap failed", "lease", cur.l.ID, "err", err)
@@ -515,7 +356,7 @@ func (s *Store) reaper() {
 			s.mu.Lock()
 			s.ended = 0
 			s.mu.Unlock()
-			if err := s.prune(s.bg); err != nil && s.bg.Err() == nil {
+			if err := s.prune(background(s.bg)); err != nil && s.bg.Err() == nil {
 				s.opts.Logger.Warn("pruning history failed", "err", err)
 			}
 		}

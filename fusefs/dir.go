@@ -113,10 +113,10 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if err := leasecore.ValidateName(name); err != nil {
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
-	if ns, err := d.fsys.store.Namespace(ctx, resource); err == nil {
-		return d.childDir(ctx, ns, out), 0
+	ns, l, err := leasecore.ReadName(ctx, d.fsys.store, resource)
+	if ns != nil {
+		return d.childDir(ctx, *ns, out), 0
 	}
-	l, err := d.fsys.store.Live(ctx, resource)
 	switch {
 	case errors.Is(err, leasecore.ErrNotFound):
 		return nil, syscall.ENOENT
@@ -126,7 +126,7 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
 	d.fsys.lookups.found(callerTID(ctx), resource, l.ID)
-	return d.childLease(ctx, l, out), 0
+	return d.childLease(ctx, *l, out), 0
 }
 
 // Readdir lists the namespaces and live leases of d from one snapshot of

@@ -1,6 +1,10 @@
 package leasecore
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // Health is what a store that depends on a remote service (the etcd store,
 // docs/PROTOCOL.md §8a) knows of its connection.
@@ -58,4 +62,36 @@ func OwnsHandle(s Store, l Lease) bool {
 		return o.OwnsHandle(l.ID)
 	}
 	return true
+}
+
+// NameReader is implemented by stores that read what a name is, a
+// namespace or a live lease, in one round trip (the etcd store,
+// docs/PROTOCOL.md §8a). Implementations are safe for concurrent use.
+type NameReader interface {
+	// ReadName returns the namespace at resource, or else its live lease,
+	// or neither (both nil) when the name is free. Errors: ErrClosed,
+	// *PersistError.
+	ReadName(ctx context.Context, resource string) (*Namespace, *Lease, error)
+}
+
+// ReadName returns what resource names in s: the namespace at resource, or
+// else its live lease, or ErrNotFound. It costs a [NameReader] one read;
+// any other store is asked for the namespace, then for the live lease.
+// Errors: ErrNotFound, and the store's.
+func ReadName(ctx context.Context, s Store, resource string) (*Namespace, *Lease, error) {
+	if r, ok := s.(NameReader); ok {
+		ns, l, err := r.ReadName(ctx, resource)
+		if err == nil && ns == nil && l == nil {
+			err = fmt.Errorf("%w: no live lease on %q", ErrNotFound, resource)
+		}
+		return ns, l, err
+	}
+	if ns, err := s.Namespace(ctx, resource); err == nil {
+		return &ns, nil, nil
+	}
+	l, err := s.Live(ctx, resource)
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, &l, nil
 }

@@ -92,3 +92,9 @@ func (s *Server) Endpoint() string { return s.endpoint }
 // Stop stops the server; a second call is a no-op. Clients then see the
 // cluster unreachable.
 func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }
+
+// CommittedIndex returns the member's raft commit index: with nothing else
+// writing, the number of proposals (writes, lease grants and revokes) the
+// cluster has committed so far, so that a test can count what one
+// operation cost it.
+func (s *Server) CommittedIndex() uint64 { return s.etcd.Server.CommittedIndex() }
