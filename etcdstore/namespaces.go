@@ -176,4 +176,3 @@ func (s *Store) Rmdir(ctx context.Context, path string) error {
 	}
 	return s.tooBusy(s.k.ns(path))
 }
-

@@ -384,4 +384,3 @@ func (s *Store) History(ctx context.Context, resource string) ([]leasecore.Lease
 	})
 	return out, nil
 }
-

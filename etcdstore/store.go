@@ -106,6 +106,8 @@ type Store struct {
 
 	session clientv3.LeaseID // of waiter keys; 0 for a read-only store
 
+	// mu guards the fields below. It is never held across a cluster call
+	// or a log write; the feed's locks are taken after it, never before.
 	mu      sync.Mutex
 	closed  bool
 	closing bool               // Close has begun: the session is not granted again
