@@ -51,7 +51,10 @@ type etcdSpec struct {
 // parse returns the etcd store named by --store, or nil for the file
 // store. Errors: a usage error for a malformed --store.
 func (sf *storeFlags) parse() (*etcdSpec, error) {
-	if sf.store == "" || sf.store == "file" {
+	if sf.store == "" {
+		return nil, usageError{errors.New(`--store "": want file or etcd://HOST:PORT[,HOST:PORT...]/PREFIX`)}
+	}
+	if sf.store == "file" {
 		if sf.cacert != "" || sf.cert != "" || sf.key != "" || sf.user != "" {
 			return nil, usageError{errors.New("the --etcd-* flags need an etcd:// --store")}
 		}

@@ -24,7 +24,7 @@ func TestStoreFlagParse(t *testing.T) {
 		bad       bool
 	}{
 		{store: "file"},
-		{store: ""},
+		{store: "", bad: true},
 		{store: "etcd://127.0.0.1:2379/leasefs", endpoints: []string{"127.0.0.1:2379"}, prefix: "/leasefs"},
 		{store: "etcd://a:1,b:2/x/y/", endpoints: []string{"a:1", "b:2"}, prefix: "/x/y"},
 		{store: "etcd://a:1/", bad: true},

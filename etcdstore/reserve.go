@@ -101,9 +101,12 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			clientv3.OpPut(s.k.id(l.ID), d.Resource, clientv3.WithLease(lid)),
 		}
 		if waiterKey != "" {
-			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(waiterKey), "=", waiterRev))
+			// The waiter still queues and no waiter of the name is older.
+			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(waiterKey), "=", waiterRev),
+				clientv3.Compare(clientv3.CreateRevision(s.k.waiters(d.Resource)), ">", waiterRev-1).WithPrefix())
 			then = append(then, clientv3.OpDelete(waiterKey))
-			orElse = append(orElse, clientv3.OpGet(waiterKey, clientv3.WithCountOnly()))
+			orElse = append(orElse, clientv3.OpGet(waiterKey, clientv3.WithCountOnly()),
+				clientv3.OpGet(s.k.waiters(d.Resource), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
 		}
 		then = append(then, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithCountOnly()))
 		cctx, done := s.call(ctx)
@@ -153,8 +156,16 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 				}
 				i++
 			}
-			if waiterKey != "" && rs[i].GetResponseRange().Count == 0 {
-				return leasecore.Grant{}, errWaiterGone
+			if waiterKey != "" {
+				if rs[i].GetResponseRange().Count == 0 {
+					return leasecore.Grant{}, errWaiterGone
+				}
+				if head := rs[i+1].GetResponseRange().Kvs; len(head) > 0 && string(head[0].Key) != waiterKey {
+					s.mu.Lock()
+					s.enqueue(d.Resource, string(head[0].Key), head[0].CreateRevision)
+					s.mu.Unlock()
+					return leasecore.Grant{}, errNotHead
+				}
 			}
 			continue
 		}
@@ -196,6 +207,10 @@ func (s *Store) forgetLease(lid clientv3.LeaseID) {
 // errWaiterGone: an Acquire's waiter key vanished (its session lease
 // expired while the cluster was unreachable); it queues again.
 var errWaiterGone = errors.New("etcdstore: waiter key gone")
+
+// errNotHead: an Acquire's reservation found an older waiter key of the
+// name (now in the store's view of the queue); it waits.
+var errNotHead = errors.New("etcdstore: an older waiter queues")
 
 func (s *Store) tooBusy(key string) error {
 	return &leasecore.PersistError{Op: "etcd txn", Path: key,

@@ -41,6 +41,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasefs/leasefs/leasecore"
 )
@@ -117,8 +119,14 @@ type Store struct {
 	handles map[string]*handle // lease id → a handle lease this store keeps alive on hs
 	hs      hsession           // the etcd lease of this store's handle leases
 	bucket  bucket             // the etcd lease of the token leases reserved or renewed now
-	waiting map[string]int     // resource → waiter keys, as the watch last showed them
-	perUID  map[uint32]int     // uid → leases in live, for the quota of docs/PROTOCOL.md §7
+	waiting map[string]int     // resource → waiter keys, as the watch or a read last counted them
+	// queue: resource → waiter key → its create revision, as the watch
+	// showed them up to revision watched (and the store's own Puts and
+	// reads added); a waiter's daemon decides from it alone whether its
+	// waiter is at the head (see [Store.acquireOnce]).
+	queue   map[string]map[string]int64
+	watched int64          // the watch (or start's read) has shown every change up to this revision
+	perUID  map[uint32]int // uid → leases in live, for the quota of docs/PROTOCOL.md §7
 	// previous, of a read-only store: lease id → holder pids of the
 	// handle leases of this store's daemon identity that a process holds
 	// through a previous daemon's mount, found at open (docs/PROTOCOL.md
@@ -276,6 +284,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		handles: make(map[string]*handle), previous: make(map[string]string),
 		bucketKick: make(chan struct{}, 1),
 		waiting:    make(map[string]int), perUID: make(map[uint32]int),
+		queue:   make(map[string]map[string]int64),
 		changed: make(map[string]chan struct{}),
 		health:  leasecore.Health{Reachable: true},
 	}
@@ -299,7 +308,7 @@ func (s *Store) start(ctx context.Context) error {
 	).Commit()
 	done()
 	if err != nil {
-		return fmt.Errorf("etcdstore: read the live leases under %s: %w", s.k, err)
+		return s.openError(ctx, err)
 	}
 	s.rev = resp.Header.Revision
 	var stale []*rec
@@ -317,7 +326,9 @@ func (s *Store) start(ctx context.Context) error {
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		_, resource := s.k.classify(string(kv.Key))
 		s.waiting[resource]++
+		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
 	}
+	s.watched = s.rev
 	if s.opts.ReadOnly {
 		// A reader only shows what the daemon keeps (§2): it changes
 		// nothing in the cluster.
@@ -370,6 +381,17 @@ func (s *Store) start(ctx context.Context) error {
 	s.wg.Go(s.reaper)
 	s.wg.Go(func() { s.watch(from) })
 	return nil
+}
+
+// openError explains the first call of Open that failed: which endpoints
+// did not answer within how long, and what to check.
+func (s *Store) openError(ctx context.Context, err error) error {
+	eps := strings.Join(s.cli.Endpoints(), ",")
+	if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Unavailable) {
+		return fmt.Errorf("etcdstore: no etcd member at %s answered within %s (%w): check that etcd runs there "+
+			"and listens on those client URLs, and the TLS and credential flags", eps, s.opts.CallTimeout, err)
+	}
+	return fmt.Errorf("etcdstore: read the live leases under %s from %s: %w", s.k, eps, err)
 }
 
 // holders returns the processes that still hold the open file of handle

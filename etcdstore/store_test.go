@@ -531,3 +531,23 @@ func TestOwnsHandle(t *testing.T) {
 		t.Error("store a still owns the handle lease it ended")
 	}
 }
+
+// A cluster that does not answer at Open is named, with the timeout and
+// what to check, not reported as a bare "context deadline exceeded".
+func TestOpenUnreachableNamesTheEndpoints(t *testing.T) {
+	srv := etcdtest.Start(t)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	proxy.Cut()
+	_, err := etcdstore.Open(context.Background(), []string{proxy.Endpoint()}, "/open", etcdstore.Options{
+		Options:     leasecore.Options{Logger: slog.New(slog.DiscardHandler)},
+		CallTimeout: 300 * time.Millisecond,
+	})
+	if err == nil {
+		t.Fatal("Open through a cut proxy succeeded")
+	}
+	for _, want := range []string{proxy.Endpoint(), "answered within 300ms", "check that etcd runs there"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open error %q does not say %q", err, want)
+		}
+	}
+}

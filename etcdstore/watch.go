@@ -2,7 +2,6 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -36,6 +35,7 @@ func (s *Store) watch(from int64) {
 				s.opts.Logger.Warn("etcd compacted past the watch; changes in between are not reported",
 					"from", from, "compacted", resp.CompactRevision)
 				from = resp.CompactRevision - 1
+				s.reloadQueue()
 				break
 			}
 			if err := resp.Err(); err != nil {
@@ -50,6 +50,33 @@ func (s *Store) watch(from int64) {
 		select {
 		case <-s.bg.Done():
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// reloadQueue reads every waiter key again, for a watch that missed
+// changes (etcd compacted past it): the store's view of the queue decides
+// which waiter reserves (see [Store.acquireOnce]).
+func (s *Store) reloadQueue() {
+	ctx, done := s.call(background(s.bg))
+	defer done()
+	resp, err := s.cli.Get(ctx, s.k.waitersAll(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		s.opts.Logger.Warn("reading the waiter keys again failed", "err", err)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue, s.waiting = make(map[string]map[string]int64), make(map[string]int)
+	for _, kv := range resp.Kvs {
+		_, resource := s.k.classify(string(kv.Key))
+		s.waiting[resource]++
+		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
+	}
+	for resource := range s.changed {
+		if ch := s.changed[resource]; ch != nil {
+			close(ch)
+			delete(s.changed, resource)
 		}
 	}
 }
@@ -73,17 +100,25 @@ func (s *Store) apply(evs []*clientv3.Event) {
 	for _, ev := range evs {
 		rev := ev.Kv.ModRevision
 		kind, resource := s.k.classify(string(ev.Kv.Key))
+		if kind != "waiters" {
+			s.mu.Lock()
+			s.watched = max(s.watched, rev)
+			s.mu.Unlock()
+		}
 		switch kind {
 		case "waiters":
 			s.mu.Lock()
 			switch {
 			case ev.Type == mvccpb.PUT && ev.IsCreate():
 				s.waiting[resource]++
+				s.enqueue(resource, string(ev.Kv.Key), ev.Kv.CreateRevision)
 			case ev.Type == mvccpb.DELETE:
 				if s.waiting[resource]--; s.waiting[resource] <= 0 {
 					delete(s.waiting, resource)
 				}
+				s.dequeue(resource, string(ev.Kv.Key))
 			}
+			s.watched = max(s.watched, rev)
 			s.mu.Unlock()
 			s.notify(resource)
 		case "history":
@@ -199,206 +234,6 @@ func (s *Store) notify(resource string) {
 		close(ch)
 		delete(s.changed, resource)
 	}
-}
-
-// Acquire reserves a lease like Reserve, waiting first come first served
-// across every mount of the store while another holds the name; see
-// [leasecore.Store.Acquire]. The caller queues as a waiter key under
-// PREFIX/waiters/<resource>//, bound to this store's session lease; the
-// waiter with the lowest create revision is served first, as etcd's
-// concurrency.Mutex does, and a waiter is woken by the watch.
-func (s *Store) Acquire(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
-	d, err := leasecore.CheckDraft(d)
-	if err != nil {
-		return leasecore.Grant{}, err
-	}
-	if err := s.begin(true); err != nil {
-		return leasecore.Grant{}, err
-	}
-	for {
-		g, err := s.acquireOnce(ctx, d)
-		if !errors.Is(err, errWaiterGone) {
-			return g, err
-		}
-	}
-}
-
-func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
-	key := s.k.waiters(d.Resource) + leasecore.NewLeaseID()
-	// The key leaves the queue however the call ends, even when the Put
-	// itself failed: a Put cut short by ctx or the call timeout may have
-	// been applied, and a waiter key left behind would stand at the head
-	// of the queue, ahead of every later waiter, for as long as this
-	// daemon's session lasts. Deleting a key that is gone is a no-op.
-	defer s.dropWaiter(key)
-	cctx, done := s.call(ctx)
-	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID()))
-	done()
-	if err != nil {
-		return leasecore.Grant{}, s.unreachable(ctx, "queue", key, err, false)
-	}
-	myRev := put.Header.Revision
-	for {
-		changed := s.changedChan(d.Resource)
-		cctx, done := s.call(ctx)
-		head, err := s.cli.Get(cctx, s.k.waiters(d.Resource), clientv3.WithFirstCreate()...)
-		done()
-		if err != nil {
-			return leasecore.Grant{}, s.unreachable(ctx, "read", s.k.waiters(d.Resource), err, false)
-		}
-		if len(head.Kvs) == 0 {
-			return leasecore.Grant{}, errWaiterGone
-		}
-		if string(head.Kvs[0].Key) == key {
-			if err := ctx.Err(); err != nil {
-				return leasecore.Grant{}, err
-			}
-			// At the head: the reservation is not cut short by ctx,
-			// whose end mid-call would leave it unknown whether the
-			// cluster granted the lease, which nobody would then hold
-			// or release; a grant made is returned, as
-			// [leasecore.Store.Acquire] says.
-			g, err := s.reserve(context.WithoutCancel(ctx), d, key, myRev)
-			if !errors.Is(err, leasecore.ErrHeld) {
-				return g, err
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return leasecore.Grant{}, ctx.Err()
-		case <-s.bg.Done():
-			return leasecore.Grant{}, leasecore.ErrClosed
-		case <-changed:
-		}
-	}
-}
-
-// dropWaiter deletes waiter key (a no-op once a reservation removed it).
-// When the cluster does not answer, it tries again each second in the
-// background until it does or the store closes; the key is bound to the
-// session lease, so it goes at the latest when that does.
-func (s *Store) dropWaiter(key string) {
-	del := func() error {
-		ctx, done := s.call(context.Background())
-		defer done()
-		_, err := s.cli.Delete(ctx, key)
-		return err
-	}
-	if del() == nil {
-		return
-	}
-	s.wg.Go(func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.bg.Done():
-				return
-			case <-t.C:
-			}
-			err := del()
-			if err == nil {
-				return
-			}
-			s.opts.Logger.Debug("removing a waiter key failed; trying again", "key", key, "err", err)
-		}
-	})
-}
-
-// reaper ends leases that the liveness rules killed, from the live leases
-// the watch shows (no round trip unless one looks dead), and prunes
-// history beyond HistoryKeep at most once a second.
-func (s *Store) reaper() {
-	tick := time.NewTicker(s.opts.ReapInterval)
-	defer tick.Stop()
-	lastPrune := time.Now()
-	for {
-		select {
-		case <-s.bg.Done():
-			return
-		case <-tick.C:
-		case <-s.kick:
-		}
-		s.mu.Lock()
-		var dead []*rec
-		for _, r := range s.live {
-			if s.known[r.l.ID] != nil && s.known[r.l.ID].lost {
-				continue // being removed by lost
-			}
-			if d, ok := s.handleDeadline(r.l.ID); ok && !time.Now().Before(d) {
-				continue // its keep-alive loop ends it now (lost)
-			}
-			if s.deadReason(r) != "" {
-				dead = append(dead, r)
-			}
-		}
-		prune := s.ended > 0 && time.Since(lastPrune) >= time.Second
-		s.mu.Unlock()
-		for _, r := range dead {
-			cur, err := s.getLive(background(s.bg), r.l.Resource)
-			if err != nil || cur == nil || cur.l.ID != r.l.ID {
-				continue
-			}
-			s.mu.Lock()
-			reason := s.deadReason(cur)
-			s.mu.Unlock()
-			if reason == "" {
-				continue
-			}
-			if _, err := s.end(background(s.bg), cur, cur.l, leasecore.StatusAbandoned, chExpired); err == nil {
-				s.logEnd(cur.l, reason)
-			} else if !errors.Is(err, errRaced) && s.bg.Err() == nil {
-				s.opts.Logger.Error("reap failed", "lease", cur.l.ID, "err", err)
-			}
-		}
-		if prune {
-			lastPrune = time.Now()
-			s.mu.Lock()
-			s.ended = 0
-			s.mu.Unlock()
-			if err := s.prune(background(s.bg)); err != nil && s.bg.Err() == nil {
-				s.opts.Logger.Warn("pruning history failed", "err", err)
-			}
-		}
-	}
-}
-
-// prune deletes the oldest history records beyond HistoryKeep (oldest by
-// the revision that wrote them). Generations are etcd revisions, so
-// pruning never lowers them.
-func (s *Store) prune(ctx context.Context) error {
-	cctx, done := s.call(ctx)
-	resp, err := s.cli.Get(cctx, s.k.historyPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
-	done()
-	if err != nil {
-		return err
-	}
-	excess := resp.Count - int64(s.opts.HistoryKeep)
-	for excess > 0 {
-		batch := min(excess, 100) // etcd's default limit is 128 operations a transaction
-		cctx, done := s.call(ctx)
-		old, err := s.cli.Get(cctx, s.k.historyPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-			clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend), clientv3.WithLimit(batch))
-		done()
-		if err != nil {
-			return err
-		}
-		if len(old.Kvs) == 0 {
-			return nil
-		}
-		ops := make([]clientv3.Op, len(old.Kvs))
-		for i, kv := range old.Kvs {
-			ops[i] = clientv3.OpDelete(string(kv.Key))
-		}
-		cctx, done = s.call(ctx)
-		_, err = s.cli.Txn(cctx).Then(ops...).Commit()
-		done()
-		if err != nil {
-			return err
-		}
-		excess -= int64(len(old.Kvs))
-	}
-	return nil
 }
 
 // Close revokes the session lease of this store's waiter keys within one

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
@@ -98,3 +99,22 @@ func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }
 // cluster has committed so far, so that a test can count what one
 // operation cost it.
 func (s *Server) CommittedIndex() uint64 { return s.etcd.Server.CommittedIndex() }
+
+// LeasesExpired returns how many etcd leases the members of this process
+// have revoked because their TTL ran out, from etcd's own counter
+// etcd_debugging_server_lease_expired_total: each revocation is a raft
+// proposal no client made, which a test of what a client costs names as
+// the server's background work. The counter is shared by every member
+// started in the process; 0 when it cannot be read.
+func (s *Server) LeasesExpired() uint64 {
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "etcd_debugging_server_lease_expired_total" && len(mf.GetMetric()) > 0 {
+			return uint64(mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	return 0
+}
