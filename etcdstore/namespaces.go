@@ -50,7 +50,7 @@ func (s *Store) Mkdir(ctx context.Context, path string, uid, gid uint32) (leasec
 			ops = append(ops, clientv3.OpGet(s.k.ns(parent), clientv3.WithCountOnly()))
 		}
 		cctx, done := s.call(ctx)
-		resp, err := s.cli.Txn(cctx).Then(ops...).Commit()
+		resp, err := s.readTxn(cctx, ops...)
 		done()
 		if err != nil {
 			return leasecore.Namespace{}, s.unreachable(ctx, "read", s.k.ns(path), err, false)
@@ -120,11 +120,11 @@ func (s *Store) Rmdir(ctx context.Context, path string) error {
 	}
 	for range maxRetries {
 		cctx, done := s.call(ctx)
-		resp, err := s.cli.Txn(cctx).Then(
+		resp, err := s.readTxn(cctx,
 			clientv3.OpGet(s.k.ns(path)),
 			clientv3.OpGet(s.k.nsPrefix(path), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
 			clientv3.OpGet(s.k.livePrefix(path), clientv3.WithPrefix()),
-		).Commit()
+		)
 		done()
 		if err != nil {
 			return s.unreachable(ctx, "read", s.k.ns(path), err, false)

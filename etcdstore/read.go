@@ -117,7 +117,7 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 	}
 	if resource == "" {
 		cctx, done := s.callFor(ctx, id)
-		resp, err := s.cli.Txn(cctx).Then(clientv3.OpGet(s.k.id(id)), clientv3.OpGet(s.k.history(id))).Commit()
+		resp, err := s.readTxn(cctx, clientv3.OpGet(s.k.id(id)), clientv3.OpGet(s.k.history(id)))
 		done()
 		if err != nil {
 			return failed(s.unreachable(ctx, "read", s.k.id(id), err, false))
@@ -135,11 +135,11 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 		resource = string(kvs[0].Value)
 	}
 	cctx, done := s.callFor(ctx, id)
-	resp, err := s.cli.Txn(cctx).Then(
+	resp, err := s.readTxn(cctx,
 		clientv3.OpGet(s.k.live(resource)),
 		clientv3.OpGet(s.k.history(id)),
 		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-	).Commit()
+	)
 	done()
 	if err != nil {
 		return failed(s.unreachable(ctx, "read", s.k.live(resource), err, false))
@@ -215,11 +215,11 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 		return nil, nil, err
 	}
 	cctx, done := s.call(ctx)
-	resp, err := s.cli.Txn(cctx).Then(
+	resp, err := s.readTxn(cctx,
 		clientv3.OpGet(s.k.live(resource)),
 		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(s.k.ns(resource)),
-	).Commit()
+	)
 	done()
 	if err != nil {
 		return nil, nil, s.unreachable(ctx, "read", s.k.live(resource), err, false)
@@ -299,7 +299,7 @@ func (s *Store) listLive(ctx context.Context, prefix string, extra []clientv3.Op
 		clientv3.OpGet(s.k.waitersAll(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	}, extra...)
 	cctx, done := s.call(ctx)
-	resp, err := s.cli.Txn(cctx).Then(ops...).Commit()
+	resp, err := s.readTxn(cctx, ops...)
 	done()
 	if err != nil {
 		return nil, nil, s.unreachable(ctx, "read", prefix, err, false)

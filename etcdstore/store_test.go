@@ -551,3 +551,66 @@ func TestOpenUnreachableNamesTheEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// An election inside the cluster is not an outage: reads refused with
+// etcd's "leader changed" are asked again within the call's bound, and no
+// "unreachable" line is logged (docs/PROTOCOL.md §8a).
+func TestLeaderElectionIsNotAnOutage(t *testing.T) {
+	members := etcdtest.StartCluster(t, 3)
+	var logs syncbuf.Buffer
+	s, err := etcdstore.Open(context.Background(), strings.Split(etcdtest.Endpoints(members), ","), "/elect", etcdstore.Options{
+		Options: leasecore.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, leasecore.Draft{Resource: "held", HolderUID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var reads, failed atomic.Int64
+	var firstErr atomic.Value
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, l, err := s.ReadName(ctx, "held")
+			if err == nil && l == nil {
+				err = errors.New("the held lease is not there")
+			}
+			if err == nil {
+				_, err = s.List(ctx)
+			}
+			reads.Add(1)
+			if err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			}
+		}
+	}()
+	const transfers = 5
+	for range transfers {
+		before := reads.Load()
+		etcdtest.MoveLeader(t, members)
+		// Let reads run on the new leader before the next transfer.
+		for reads.Load() < before+20 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	close(stop)
+	<-done
+	t.Logf("%d reads across %d leader transfers, %d failed", reads.Load(), transfers, failed.Load())
+	if failed.Load() > 0 {
+		t.Errorf("%d of %d reads failed across %d leader transfers; first: %v", failed.Load(), reads.Load(), transfers, firstErr.Load())
+	}
+	if strings.Contains(logs.String(), "unreachable") {
+		t.Errorf("an election was logged as an outage:\n%s", logs.String())
+	}
+}

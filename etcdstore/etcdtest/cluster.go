@@ -1,6 +1,7 @@
 package etcdtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -106,4 +107,25 @@ func Endpoints(servers []*Server) string {
 		eps[i] = s.Endpoint()
 	}
 	return strings.Join(eps, ",")
+}
+
+// MoveLeader makes the member after the current leader of servers (in
+// their order) lead, as etcd's own leadership transfer does, and returns
+// once the transfer is done or failed (at most 10 s). It fails t when no
+// member leads or the transfer fails.
+func MoveLeader(t testing.TB, servers []*Server) {
+	t.Helper()
+	for i, s := range servers {
+		if !s.IsLeader() {
+			continue
+		}
+		next := servers[(i+1)%len(servers)]
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.etcd.Server.MoveLeader(ctx, uint64(s.etcd.Server.MemberID()), uint64(next.etcd.Server.MemberID())); err != nil {
+			t.Fatalf("move the leader from m%d to m%d: %v", i, (i+1)%len(servers), err)
+		}
+		return
+	}
+	t.Fatal("no etcd member leads")
 }
