@@ -141,6 +141,7 @@ type bench struct {
 	loadStart string
 	rows      []row
 	extras    map[string]float64 // named measurements for the targets
+	rpcTables []rpcTable         // what each system call cost each etcd server
 	// prof fetches the profiles of the daemon under test while the
 	// leasefs rows run (the zero value otherwise, or without -profile).
 	prof profileClient
@@ -343,6 +344,7 @@ func (b *bench) cellRowNote(id, name string, setup func(clients, i int) (cycle, 
 			return fmt.Errorf("%s %s, %d clients: %w", id, name, n, err)
 		}
 		r := row{id: id, name: name, clients: n, ops: res.ops, p50: res.p50, p99: res.p99}
+		b.extras[fmt.Sprintf("%s.failed.%d", id, n)] = float64(res.failed)
 		if note != nil {
 			r.note = note(n, res)
 		} else if res.failed > 0 {
@@ -365,7 +367,7 @@ func (b *bench) runAll() error {
 		b.storeRows,   // 2
 		b.memfsRows,   // 3a–3c, and 3d–3g on the durable ceiling
 		b.floorRows,   // 4r, 4f
-		b.etcdRows,    // 5d, 5s
+		b.etcdRows,    // 5d, 5s, 5p, 9a–9f; on the etcd binary 10d, 10s, 10p, 11a–11f
 		b.redisRows,   // 6a, 6e
 		b.scaleRows,   // 7
 	}

@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -66,19 +70,132 @@ func (b *bench) startEtcd() (*clientv3.Client, string, error) {
 	return cli, curl.Host, nil
 }
 
-// etcdRows runs rows 5d (concurrency.Mutex Lock+Unlock on the client's own
-// key, against 1a) and 5s (one key shared by every client, against 1d).
-// Every client has its own session (one etcd lease, TTL 60 s).
+// etcdServer is one etcd the etcd rows run on, with the row ids of its
+// rows.
+type etcdServer struct {
+	label    string // shown in row names: "embedded" or "etcd-server"
+	cli      *clientv3.Client
+	endpoint string // HOST:PORT
+	pid      int    // of its process, 0 when it runs in this one
+	ids      etcdIDs
+}
+
+// etcdIDs are the row ids of one server's rows.
+type etcdIDs struct {
+	mutexD, mutexS, put             string // etcd's own client: distinct-key Mutex, shared-key Mutex, one Put
+	lease, renew, handle, queue, ns string // leasefs on that server: the cycles of 1a–1d and 1e
+	fanout                          string // a lease cycle on one mount with idle mounts beside it
+}
+
+var (
+	embeddedIDs = etcdIDs{"5d", "5s", "5p", "9a", "9b", "9c", "9d", "9e", "9f"}
+	binaryIDs   = etcdIDs{"10d", "10s", "10p", "11a", "11b", "11c", "11d", "11e", "11f"}
+)
+
+func (ids etcdIDs) all() []string {
+	return []string{ids.mutexD, ids.mutexS, ids.put, ids.lease, ids.renew, ids.handle, ids.queue, ids.ns, ids.fanout}
+}
+
+// fanoutMounts are the numbers of idle mounts of the fan-out rows.
+var fanoutMounts = []int{0, 8, 24}
+
+// etcdRows runs the etcd rows on the embedded etcd (5d, 5s, 5p, 9a–9f)
+// and, when Debian's etcd-server is installed (the etcd binary), on it
+// (10d, 10s, 10p, 11a–11f): etcd's own concurrency.Mutex and a Put beside
+// leasefs on the same server in the same run.
 func (b *bench) etcdRows() error {
-	mountIDs := map[string]string{"9a": nameEtcdLease, "9b": nameEtcdRenew, "9c": nameEtcdHandle, "9d": nameEtcdQueue}
-	if !b.wantAny(map[string]string{"5d": nameEtcdD, "5s": nameEtcdS}) && !b.wantAny(mountIDs) {
-		return nil
+	for _, ids := range []etcdIDs{embeddedIDs, binaryIDs} {
+		want := false
+		for _, id := range ids.all() {
+			want = want || b.want(id, "")
+		}
+		if !want || b.ctx.Err() != nil {
+			continue
+		}
+		var srv etcdServer
+		var err error
+		if ids == embeddedIDs {
+			b.logf("starting embedded etcd")
+			srv.cli, srv.endpoint, err = b.startEtcd()
+			srv.label = "embedded"
+		} else {
+			bin, lerr := exec.LookPath("etcd")
+			if lerr != nil {
+				b.logf("no etcd binary (Debian's etcd-server): rows %s–%s not run", ids.mutexD, ids.fanout)
+				continue
+			}
+			b.logf("starting %s", bin)
+			srv, err = b.startEtcdBinary(bin)
+		}
+		if err != nil {
+			return err
+		}
+		srv.ids = ids
+		if err := b.etcdServerRows(srv); err != nil {
+			return err
+		}
 	}
-	b.logf("starting embedded etcd")
-	cli, endpoint, err := b.startEtcd()
+	return nil
+}
+
+// startEtcdBinary starts the etcd binary as a one-member cluster on
+// loopback ports with its data in the temporary directory (WAL fsync on,
+// the default), and returns a client of it once it answers.
+func (b *bench) startEtcdBinary(bin string) (etcdServer, error) {
+	cport, err := freePort()
 	if err != nil {
-		return err
+		return etcdServer{}, err
 	}
+	pport, err := freePort()
+	if err != nil {
+		return etcdServer{}, err
+	}
+	curl := fmt.Sprintf("http://127.0.0.1:%d", cport)
+	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
+	cmd := exec.Command(bin, "--name", "bench", "--data-dir", filepath.Join(b.tmp, "etcd-server"),
+		"--listen-client-urls", curl, "--advertise-client-urls", curl,
+		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+		"--initial-cluster", "bench="+purl, "--log-level", "error")
+	c, err := b.spawn("etcd", "", cmd)
+	if err != nil {
+		return etcdServer{}, err
+	}
+	host := fmt.Sprintf("127.0.0.1:%d", cport)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{host}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return etcdServer{}, err
+	}
+	b.onClose(func() { _ = cli.Close() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, time.Second)
+		_, err := cli.Get(ctx, "/bench/ping")
+		cancel()
+		if err == nil {
+			break
+		}
+		select {
+		case <-c.exited:
+			return etcdServer{}, fmt.Errorf("etcd exited: %s", c.log())
+		default:
+		}
+		if time.Now().After(deadline) || b.ctx.Err() != nil {
+			return etcdServer{}, fmt.Errorf("etcd on %s not answering: %v; log:\n%s", host, err, c.log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return etcdServer{label: "etcd-server", cli: cli, endpoint: host, pid: c.cmd.Process.Pid}, nil
+}
+
+// etcdServerRows runs one server's rows: Mutex Lock+Unlock on the
+// client's own key (against the lease and handle cycles) and on one key
+// shared by every client (against the queue), each client with its own
+// session (one etcd lease, TTL 60 s); one Put of the client's own key
+// (against the renew); then the same daemon as 1a–1e on the etcd store of
+// that server, and the fan-out row.
+func (b *bench) etcdServerRows(srv etcdServer) error {
+	ids, cli := srv.ids, srv.cli
+	on := " (" + srv.label + ")"
 	mutex := func(shared bool) func(clients, i int) (cycle, func(), error) {
 		return func(clients, i int) (cycle, func(), error) {
 			sess, err := concurrency.NewSession(cli)
@@ -101,21 +218,148 @@ func (b *bench) etcdRows() error {
 				}, nil
 		}
 	}
-	if err := b.cellRow("5d", nameEtcdD, mutex(false)); err != nil {
+	if err := b.cellRow(ids.mutexD, nameEtcdD+on, mutex(false)); err != nil {
 		return err
 	}
-	if err := b.cellRow("5s", nameEtcdS, mutex(true)); err != nil {
+	if err := b.cellRow(ids.mutexS, nameEtcdS+on, mutex(true)); err != nil {
 		return err
 	}
-	if !b.wantAny(mountIDs) {
+	if err := b.cellRow(ids.put, nameEtcdPut+on, func(clients, i int) (cycle, func(), error) {
+		key, val := fmt.Sprintf("/bench/put/%d/%d", clients, i), strings.Repeat("x", 300)
+		return func() error {
+			_, err := cli.Put(context.Background(), key, val)
+			return err
+		}, nil, nil
+	}); err != nil {
+		return err
+	}
+	leasefsIDs := []string{ids.lease, ids.renew, ids.handle, ids.queue, ids.ns, ids.fanout}
+	want := false
+	for _, id := range leasefsIDs {
+		want = want || b.want(id, "")
+	}
+	if !want {
 		return nil
 	}
-	mp := filepath.Join(b.tmp, "mnt-etcd")
-	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state-etcd"), mp, "--store", "etcd://"+endpoint+"/bench-leasefs")
+	store := "etcd://" + srv.endpoint + "/bench-leasefs"
+	mp := filepath.Join(b.tmp, "mnt-etcd-"+srv.label)
+	d, _, err := b.startLeasefs(filepath.Join(b.tmp, "state-etcd-"+srv.label), mp, "--store", store)
 	if err != nil {
 		return err
 	}
 	defer d.stop()
-	b.logf("leasefs on the etcd store mounted on %s (pid %d)", mp, d.pid)
-	return b.cycleRows(mp, [4]string{"9a", "9b", "9c", "9d"}, [4]string{nameEtcdLease, nameEtcdRenew, nameEtcdHandle, nameEtcdQueue})
+	b.logf("leasefs on the etcd store of %s mounted on %s (pid %d)", srv.label, mp, d.pid)
+	if err := b.cycleRows(mp, [4]string{ids.lease, ids.renew, ids.handle, ids.queue},
+		[4]string{nameEtcdLease + on, nameEtcdRenew + on, nameEtcdHandle + on, nameEtcdQueue + on}); err != nil {
+		return err
+	}
+	if err := b.cellRow(ids.ns, nameEtcdNS+on, namespacedLeaseCycle(mp)); err != nil {
+		return err
+	}
+	if b.want(ids.lease, "") {
+		if err := b.rpcCostTable(srv, mp); err != nil {
+			return err
+		}
+	}
+	return b.fanoutRow(srv, store, mp)
+}
+
+// fanoutRow runs the fan-out row of srv: a lease cycle of one client on
+// mp, the mount of the server's other rows, while N other mounts of the
+// same store sit idle (N in fanoutMounts); the note gives the idle
+// daemons' CPU per cycle in total and, for an etcd process, its CPU per
+// cycle (utime + stime of /proc/PID/stat, proc(5)). A change should cost
+// the same however many mounts share the cluster (docs/PROTOCOL.md §8a).
+func (b *bench) fanoutRow(srv etcdServer, store, mp string) error {
+	id := srv.ids.fanout
+	if !b.want(id, nameEtcdFanout) {
+		return nil
+	}
+	var idle []*leasefsDaemon
+	defer func() {
+		for _, d := range idle {
+			d.stop()
+		}
+	}()
+	window := max(b.cfg.duration, 3*time.Second)
+	if b.cfg.quick {
+		window = b.cfg.duration
+	}
+	for _, n := range fanoutMounts {
+		for len(idle) < n {
+			k := len(idle)
+			d, _, err := b.startLeasefs(filepath.Join(b.tmp, fmt.Sprintf("state-idle-%s-%d", srv.label, k)),
+				filepath.Join(b.tmp, fmt.Sprintf("mnt-idle-%s-%d", srv.label, k)), "--store", store)
+			if err != nil {
+				return err
+			}
+			idle = append(idle, d)
+		}
+		time.Sleep(500 * time.Millisecond) // the new daemons' start settles
+		pids := make([]int, len(idle))
+		for i, d := range idle {
+			pids[i] = d.pid
+		}
+		idle0, etcd0 := cpuOf(pids...), cpuOf(srv.pid)
+		saved := b.cfg.duration
+		b.cfg.duration = window
+		res, err := b.runCell(1, func(i int) (cycle, func(), error) {
+			return leaseCycle(mp, fmt.Sprintf("fanout%d", n))(1, i)
+		})
+		b.cfg.duration = saved
+		if err != nil {
+			return fmt.Errorf("%s, %d idle mounts: %w", id, n, err)
+		}
+		cycles := float64(res.n + res.failed)
+		if cycles == 0 {
+			return fmt.Errorf("%s, %d idle mounts: no cycle completed", id, n)
+		}
+		idleMS := float64(cpuOf(pids...)-idle0) / float64(time.Millisecond) / cycles
+		ms := 1000 / res.ops
+		note := fmt.Sprintf("%.1f ms per cycle; idle daemons' CPU %.2f ms per cycle in total", ms, idleMS)
+		if srv.pid != 0 {
+			etcdMS := float64(cpuOf(srv.pid)-etcd0) / float64(time.Millisecond) / cycles
+			note += fmt.Sprintf("; etcd CPU %.2f ms per cycle", etcdMS)
+			b.extras[fmt.Sprintf("%s.etcdcpu.%d", id, n)] = etcdMS
+		}
+		if res.failed > 0 {
+			note += fmt.Sprintf("; %d failed (%v)", res.failed, res.firstErr)
+		}
+		b.extras[fmt.Sprintf("%s.ms.%d", id, n)] = ms
+		b.extras[fmt.Sprintf("%s.idlecpu.%d", id, n)] = idleMS
+		b.extras[fmt.Sprintf("%s.failed.%d", id, n)] = float64(res.failed)
+		name := fmt.Sprintf(nameEtcdFanout, n) + " (" + srv.label + ")"
+		b.rows = append(b.rows, row{id: id, name: name, clients: 1, ops: res.ops, p50: res.p50, p99: res.p99, note: note})
+		b.logf("%-3s %-44s: %9.0f ops/s  p50 %-9s p99 %-9s %s", id, name, res.ops, fmtDur(res.p50), fmtDur(res.p99), note)
+	}
+	return nil
+}
+
+// cpuOf returns the CPU time (user + system) the processes pids have used
+// so far, from /proc/PID/stat (proc(5): utime and stime, fields 14 and 15,
+// in clock ticks of 1/100 s); 0 for a pid of 0 or one that is gone.
+func cpuOf(pids ...int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		if pid == 0 {
+			continue
+		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The command name (field 2) may hold spaces: count from its ")".
+		rest := string(data)
+		if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+			rest = rest[i+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+st) * 10 * time.Millisecond
+	}
+	return total
 }

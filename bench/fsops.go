@@ -309,9 +309,13 @@ const (
 	nameRedisA  = "Redis SET NX PX+DEL, appendfsync always"
 	nameRedisE  = "Redis SET NX PX+DEL, appendfsync everysec"
 	nameScaleFm = "leasefs with %d live leases"
-	// Rows 9a–9d: the same daemon on the etcd store.
+	nameEtcdPut = "etcd Put of the client's own key, 300 B"
+	// Rows 9a–9f (11a–11f on the etcd binary): the same daemon on the
+	// etcd store.
 	nameEtcdLease  = "leasefs on etcd: lease cycle (as 1a)"
 	nameEtcdRenew  = "leasefs on etcd: renew (as 1b)"
 	nameEtcdHandle = "leasefs on etcd: handle-lease cycle (as 1c)"
 	nameEtcdQueue  = "leasefs on etcd: one name, N queueing (as 1d)"
+	nameEtcdNS     = "leasefs on etcd: lease cycle, a namespace per client (as 1e)"
+	nameEtcdFanout = "leasefs on etcd: lease cycle, 1 client, %d idle mounts"
 )

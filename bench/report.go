@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"text/template"
@@ -74,10 +75,11 @@ type report struct {
 	machine [][2]string
 	took    time.Duration
 	quick   bool
+	rpc     []rpcTable
 }
 
 func (b *bench) report() report {
-	return report{rows: b.rows, targets: b.targets(), machine: b.machine(), took: time.Since(b.start), quick: b.cfg.quick}
+	return report{rows: b.rows, targets: b.targets(), machine: b.machine(), took: time.Since(b.start), quick: b.cfg.quick, rpc: b.rpcTables}
 }
 
 // ratio builds a throughput ratio target from two cells.
@@ -150,9 +152,7 @@ func (b *bench) targets() []target {
 		b.extra("100k leases: readdir of the mount root", "7.readdir.100000", 1, " s", 0.5, true),
 		b.extra("100k leases: leasefs ls (daemon running)", "7.ls.100000", 1, " s", 1, true),
 		b.compare("lease cycle, 1 client: leasefs on etcd (9a) / on the file store (1a)", "9a", 1, "1a", 1),
-		b.compare("lease cycle, 16 clients: leasefs on etcd (9a) / etcd distinct-key Mutex (5d)", "9a", 16, "5d", 16),
 		b.compare("handle-lease cycle, 1 client: leasefs on etcd (9c) / on the file store (1c)", "9c", 1, "1c", 1),
-		b.compare("one name, 16 clients: leasefs on etcd (9d) / etcd shared-key Mutex (5s)", "9d", 16, "5s", 16),
 	}
 	for i := range ts {
 		if strings.HasPrefix(ts[i].what, "100k leases: leasefs ls") && b.extras["7.lsstopped.100000"] == 1 {
@@ -162,6 +162,8 @@ func (b *bench) targets() []target {
 			ts[i].bound = true
 		}
 	}
+	ts = append(ts, b.etcdTargets(embeddedIDs, "embedded etcd")...)
+	ts = append(ts, b.etcdTargets(binaryIDs, "etcd-server")...)
 	r := target{what: "reserve p50 at 100k leases / at 100 (7)", goal: 1.2, atMost: true}
 	hi, ok1 := b.extras["7.p50.100000"]
 	lo, ok2 := b.extras["7.p50.100"]
@@ -178,6 +180,48 @@ func (b *bench) targets() []target {
 		k.missing = "row 8"
 	}
 	return append(ts, k)
+}
+
+// etcdTargets are the targets of the etcd store against etcd's own client
+// on one server (docs/PROTOCOL.md §8a): ratios of one run.
+func (b *bench) etcdTargets(ids etcdIDs, on string) []target {
+	f := func(format string, a ...any) string { return fmt.Sprintf(format, a...) + ", " + on }
+	ts := []target{
+		b.ratio(f("etcd store, lease cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.lease, ids.mutexD), ids.lease, 1, ids.mutexD, 1, 0.5),
+		b.ratio(f("etcd store, lease cycle, a namespace per client, 16 clients (%s) / Mutex distinct keys (%s)", ids.ns, ids.mutexD), ids.ns, 16, ids.mutexD, 16, 0.5),
+		b.ratio(f("etcd store, renew, 1 client (%s) / one etcd Put (%s)", ids.renew, ids.put), ids.renew, 1, ids.put, 1, 0.7),
+		b.ratio(f("etcd store, handle cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.handle, ids.mutexD), ids.handle, 1, ids.mutexD, 1, 0.35),
+		b.ratio(f("etcd store, one name, 16 clients queueing (%s) / Mutex one shared key (%s)", ids.queue, ids.mutexS), ids.queue, 16, ids.mutexS, 16, 1.0),
+	}
+	last := fanoutMounts[len(fanoutMounts)-1]
+	ms := target{what: f("etcd store, ms per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout), goal: 1.3, atMost: true}
+	hi, ok1 := b.extras[fmt.Sprintf("%s.ms.%d", ids.fanout, last)]
+	lo, ok2 := b.extras[fmt.Sprintf("%s.ms.0", ids.fanout)]
+	if ok1 && ok2 && lo > 0 {
+		ms.value = hi / lo
+	} else {
+		ms.missing = "row " + ids.fanout
+	}
+	ts = append(ts, ms)
+	if e0, ok := b.extras[fmt.Sprintf("%s.etcdcpu.0", ids.fanout)]; ok && e0 > 0 {
+		ts = append(ts, target{what: f("etcd store, etcd CPU per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout),
+			goal: 1.3, atMost: true, value: b.extras[fmt.Sprintf("%s.etcdcpu.%d", ids.fanout, last)] / e0})
+	}
+	ts = append(ts, b.extra(f("etcd store, idle daemons' CPU per lease cycle with %d idle mounts (%s)", last, ids.fanout),
+		fmt.Sprintf("%s.idlecpu.%d", ids.fanout, last), 1, " ms", 2, true))
+	failed, seen := 0.0, false
+	for key, v := range b.extras {
+		id, _, ok := strings.Cut(key, ".failed.")
+		if ok && slices.Contains(ids.all(), id) {
+			failed += v
+			seen = true
+		}
+	}
+	ft := target{what: f("etcd store and etcd's client, failed calls in any row (%s–%s)", ids.mutexD, ids.fanout), goal: 0, atMost: true, value: failed}
+	if !seen {
+		ft.missing = "no row of " + on
+	}
+	return append(ts, ft)
 }
 
 // machine describes where the run happened.
@@ -340,6 +384,18 @@ func (r report) markdown() []byte {
 		"queue again as soon as they unlock, served strictly first come, first served, each wait for the 15 ahead of them, " +
 		"holds and hand-overs, so even the mean wait of the durable ceiling (3g) is many holds; a p99 wait of at most 20 " +
 		"mean holds is out of reach when that mean already exceeds 20.\n")
+	for _, t := range r.rpc {
+		fmt.Fprintf(&b, "\n## What each system call costs the etcd server (%s)\n\n", t.server)
+		b.WriteString("Read from the server's own counters (`/metrics`: `etcd_server_proposals_committed_total`, " +
+			"`grpc_server_handled_total` of unary calls, `grpc_server_msg_received_total` of `LeaseKeepAlive`) around " +
+			"each workload, run one operation after another through one mount and divided by their number; " +
+			"background work in the window is spread over it. The budget test " +
+			"(`go test -run TestSystemCallCost -v ./etcdstore/`) counts the same per operation.\n\n")
+		b.WriteString("| workload | writes (raft proposals) | unary calls | by method | keep-alive messages |\n| --- | ---: | ---: | --- | ---: |\n")
+		for _, c := range t.costs {
+			fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %.2f |\n", c.workload, c.writes, c.calls(), c.methods(), c.keepAlive)
+		}
+	}
 	b.WriteString("\n## Results\n\n![throughput against clients](bench/throughput.svg)\n\n")
 	b.WriteString("| id | workload | clients | ops/s | p50 | p99 | notes |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n")
 	for _, x := range r.rows {

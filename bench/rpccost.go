@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"golang.org/x/sys/unix"
+)
+
+// rpcCost is what one operation cost an etcd server, from its own
+// counters: raft proposals committed (etcd_server_proposals_committed_total),
+// unary calls by method (grpc_server_handled_total{grpc_type="unary"}) and
+// keep-alive messages received (grpc_server_msg_received_total of
+// LeaseKeepAlive), averaged over a number of operations made one after
+// another.
+type rpcCost struct {
+	workload  string
+	writes    float64
+	unary     map[string]float64
+	keepAlive float64
+}
+
+func (c rpcCost) calls() float64 {
+	n := 0.0
+	for _, v := range c.unary {
+		n += v
+	}
+	return n
+}
+
+// rpcTable is the cost table of one server.
+type rpcTable struct {
+	server string
+	costs  []rpcCost
+}
+
+// serverCounters is a snapshot of the counters rpcCost reads.
+type serverCounters struct {
+	proposals float64
+	unary     map[string]float64
+	keepAlive float64
+}
+
+// scrape reads the counters from http://endpoint/metrics, which etcd
+// serves on its client URL.
+func scrape(ctx context.Context, endpoint string) (serverCounters, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/metrics", nil)
+	if err != nil {
+		return serverCounters{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return serverCounters{}, err
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return serverCounters{}, fmt.Errorf("parse %s/metrics: %w", endpoint, err)
+	}
+	label := func(m *dto.Metric, name string) string {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == name {
+				return l.GetValue()
+			}
+		}
+		return ""
+	}
+	c := serverCounters{unary: map[string]float64{}}
+	if mf := mfs["etcd_server_proposals_committed_total"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			c.proposals += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	if mf := mfs["grpc_server_handled_total"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			if label(m, "grpc_type") == "unary" {
+				c.unary[label(m, "grpc_method")] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if mf := mfs["grpc_server_msg_received_total"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			if label(m, "grpc_method") == "LeaseKeepAlive" {
+				c.keepAlive += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return c, nil
+}
+
+// rpcCostTable measures, on srv, what each system call of a lease's life
+// costs the server through the mount mp, beside etcd's own Mutex and Put:
+// each workload runs n times one after another between two scrapes of the
+// server's counters. Background work that falls in the window (the
+// daemon's keep-alives, a bucket granted ahead of need) is counted in it,
+// spread over the n operations.
+func (b *bench) rpcCostTable(srv etcdServer, mp string) error {
+	n := 200
+	if b.cfg.quick {
+		n = 10
+	}
+	p := func(name string) string { return filepath.Join(mp, name) }
+	readAll := func(fd int) error {
+		buf := make([]byte, 4096)
+		for {
+			k, err := unix.Read(fd, buf)
+			if err != nil || k == 0 {
+				return err
+			}
+		}
+	}
+	held, err := unix.Open(p("rpc-held"), unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("reserve rpc-held: %w", err)
+	}
+	defer func() { unix.Close(held); _ = os.Remove(p("rpc-held")) }()
+	tok := make([]byte, 256)
+	k, err := unix.Read(held, tok)
+	if err != nil {
+		return err
+	}
+	token := []byte(strings.TrimSpace(string(tok[:k])) + "\n")
+	sess, err := concurrency.NewSession(srv.cli)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	mutex := concurrency.NewMutex(sess, "/bench/rpc-mutex")
+	ctx := context.Background()
+	workloads := []struct {
+		name string
+		op   func() error
+	}{
+		{"lease cycle (create, read token, close, unlink)", func() error {
+			fd, err := unix.Open(p("rpc-cycle"), unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				return err
+			}
+			err = readAll(fd)
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+			return unix.Unlink(p("rpc-cycle"))
+		}},
+		{"renew (write the token)", func() error {
+			_, err := unix.Pwrite(held, token, 0)
+			return err
+		}},
+		{"handle cycle (open O_CREAT, flock, unlock, close)", func() error {
+			fd, err := unix.Open(p("rpc-handle"), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+				return err
+			}
+			return unix.Flock(fd, unix.LOCK_UN)
+		}},
+		{"stat of a lease", func() error {
+			var st unix.Stat_t
+			return unix.Stat(p("rpc-held"), &st)
+		}},
+		{"cat of a lease (open, reads, close)", func() error {
+			fd, err := unix.Open(p("rpc-held"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			return readAll(fd)
+		}},
+		{"etcd's concurrency.Mutex: Lock + Unlock", func() error {
+			if err := mutex.Lock(ctx); err != nil {
+				return err
+			}
+			return mutex.Unlock(ctx)
+		}},
+		{"etcd's client: one Put", func() error {
+			_, err := srv.cli.Put(ctx, "/bench/rpc-put", "x")
+			return err
+		}},
+	}
+	table := rpcTable{server: srv.label}
+	for _, w := range workloads {
+		time.Sleep(200 * time.Millisecond) // the previous workload's follow-ups settle
+		before, err := scrape(b.ctx, srv.endpoint)
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := w.op(); err != nil {
+				return fmt.Errorf("rpc cost, %s: %w", w.name, err)
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+		after, err := scrape(b.ctx, srv.endpoint)
+		if err != nil {
+			return err
+		}
+		c := rpcCost{workload: w.name, unary: map[string]float64{},
+			writes:    (after.proposals - before.proposals) / float64(n),
+			keepAlive: (after.keepAlive - before.keepAlive) / float64(n)}
+		for m, v := range after.unary {
+			if d := v - before.unary[m]; d > 0 {
+				c.unary[m] = d / float64(n)
+			}
+		}
+		table.costs = append(table.costs, c)
+		b.logf("rpc cost on %s, %s: %s", srv.label, w.name, c)
+	}
+	b.rpcTables = append(b.rpcTables, table)
+	return nil
+}
+
+func (c rpcCost) String() string {
+	return fmt.Sprintf("%.2f writes, %.2f unary calls (%s), %.2f keep-alive messages", c.writes, c.calls(), c.methods(), c.keepAlive)
+}
+
+// methods lists the unary calls by method, most first.
+func (c rpcCost) methods() string {
+	ms := make([]string, 0, len(c.unary))
+	for m := range c.unary {
+		ms = append(ms, m)
+	}
+	slices.SortFunc(ms, func(a, b string) int {
+		if c.unary[a] != c.unary[b] {
+			if c.unary[a] > c.unary[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	for i, m := range ms {
+		ms[i] = fmt.Sprintf("%s %.2f", m, c.unary[m])
+	}
+	return strings.Join(ms, ", ")
+}
