@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -41,25 +42,67 @@ func (s *Store) durationOf(r *rec) time.Duration {
 // decode parses a lease key; a live key takes its generation from its
 // create revision.
 func (s *Store) decode(kv *mvccpb.KeyValue, live bool) (*rec, error) {
-	if live {
-		// The generation is the revision of the reservation, known only
-		// once it committed: the live record carries 0.
-		l, hash, err := leasecore.DecodeRecord(kv.Value)
-		if err != nil {
-			return nil, err
-		}
-		l.Generation = uint64(kv.CreateRevision)
-		r := &rec{l: l, hash: hash, kv: kv}
-		s.decodeExtra(r)
-		return r, nil
+	// The value is the record in the canonical form of leasecore's
+	// encoder followed by this store's extra keys, each on a line of its
+	// own (see [Store.encode]): the record decodes on leasecore's fast path
+	// and the extra keys by their lines, without a general TOML parse;
+	// any other value takes the general decoder.
+	record, extras := kv.Value, []byte(nil)
+	if i := bytes.Index(kv.Value, []byte("\nleasefs_")); i >= 0 {
+		record, extras = kv.Value[:i+1], kv.Value[i+1:]
 	}
-	l, hash, err := leasecore.DecodeRecord(kv.Value)
+	l, hash, err := leasecore.DecodeRecord(record)
 	if err != nil {
 		return nil, err
 	}
+	if live {
+		// The generation is the revision of the reservation, known only
+		// once it committed: the live record carries 0.
+		l.Generation = uint64(kv.CreateRevision)
+	}
 	r := &rec{l: l, hash: hash, kv: kv}
-	s.decodeExtra(r)
+	if !r.extraLines(extras) {
+		s.decodeExtra(r)
+	}
 	return r, nil
+}
+
+// extraLines reads this store's extra keys from lines of the form
+// `leasefs_KEY = "VALUE"` as [Store.encode] writes them, and reports
+// whether every line was one; false leaves r to the general decoder.
+func (r *rec) extraLines(lines []byte) bool {
+	var change, daemon, duration string
+	for rest := lines; len(rest) > 0; {
+		nl := bytes.IndexByte(rest, '\n')
+		if nl < 0 {
+			return false
+		}
+		line := rest[:nl]
+		rest = rest[nl+1:]
+		key, val, ok := bytes.Cut(line, []byte(" = "))
+		if !ok {
+			return false
+		}
+		text, ok := leasecore.CanonicalString(val)
+		if !ok {
+			return false
+		}
+		switch string(key) {
+		case "leasefs_change":
+			change = text
+		case "leasefs_daemon":
+			daemon = text
+		case "leasefs_lease_duration":
+			duration = text
+		default:
+			return false
+		}
+	}
+	r.change, r.daemon = change, daemon
+	if d, err := time.ParseDuration(duration); err == nil && d > 0 {
+		r.duration = d
+	}
+	return true
 }
 
 func (s *Store) decodeExtra(r *rec) {

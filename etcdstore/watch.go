@@ -157,9 +157,16 @@ func (s *Store) apply(evs []*clientv3.Event) {
 			if ev.PrevKv == nil {
 				continue
 			}
-			prev, err := s.decode(ev.PrevKv, true)
-			if err != nil {
-				continue
+			// The store's view holds the version the delete removed
+			// when the watch or a call showed it: no decode then.
+			s.mu.Lock()
+			prev := s.live[resource]
+			s.mu.Unlock()
+			if prev == nil || prev.kv.ModRevision != ev.PrevKv.ModRevision {
+				var err error
+				if prev, err = s.decode(ev.PrevKv, true); err != nil {
+					continue
+				}
 			}
 			e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
 			h := hist[rev][prev.l.ID]

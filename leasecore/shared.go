@@ -52,3 +52,11 @@ func LocalDeadReason(l Lease, bootID string) string {
 	}
 	return ""
 }
+
+// CanonicalString decodes val, a TOML basic string in the canonical form
+// [QuoteTOML] writes (quotes included), and reports whether it was one;
+// when it was not, the caller uses the general TOML decoder.
+func CanonicalString(val []byte) (string, bool) {
+	text, ok := canonicalString(val)
+	return string(text), ok
+}
