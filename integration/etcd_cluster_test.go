@@ -3,7 +3,9 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -435,4 +437,48 @@ func TestEtcdCutOffHolder(t *testing.T) {
 	}
 	b.stop(true)
 	a.stop(false)
+}
+
+// Through etcd's gRPC proxy (README, "Laying out a fleet"): two mounts that
+// reach the cluster only through one `etcd grpc-proxy` exclude each other
+// (a create and a flock), and a blocking flock on one is granted when the
+// holder on the other exits: reservations, keep-alives and the watch all
+// pass through the proxy.
+func TestEtcdThroughGRPCProxy(t *testing.T) {
+	requireFUSE(t)
+	bin := requireTool(t, "etcd")
+	srv := etcdtest.Start(t)
+	ports, err := freeLoopbackPorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	proxy := startProc(t, nil, bin, "grpc-proxy", "start", "--endpoints="+srv.Endpoint(), "--listen-addr="+addr)
+	eventually(t, 20*time.Second, "the gRPC proxy listens", func() (bool, string) {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false, fmt.Sprintf("%v; proxy: %s", err, proxy)
+		}
+		c.Close()
+		return true, ""
+	})
+	store := []string{"--store", "etcd://" + addr + "/via-proxy"}
+	a := startDaemon(t, daemonOpts{leaseDuration: 5 * time.Second, extraArgs: store})
+	b := startDaemon(t, daemonOpts{leaseDuration: 5 * time.Second, extraArgs: store})
+	mustSh(t, `set -C; : > "$A/job"`, "A="+a.mountpoint)
+	if r := sh(t, `set -C; : > "$B/job"`, "B="+b.mountpoint); r.code == 0 || !strings.Contains(r.stderr, "cannot overwrite") {
+		t.Errorf("create of a name held through the other mount: %s, want it refused (EEXIST)", r)
+	}
+	holder := startProc(t, nil, "flock", "-n", filepath.Join(a.mountpoint, "h"), "sh", "-c", "echo held; exec sleep 60")
+	holder.expect("held", 10*time.Second)
+	if r := sh(t, `flock -n "$B/h" true`, "B="+b.mountpoint); r.code != 1 {
+		t.Errorf("flock -n through the other mount while held: %s, want exit 1", r)
+	}
+	waiter := startProc(t, nil, "flock", filepath.Join(b.mountpoint, "h"), "echo", "granted")
+	time.Sleep(500 * time.Millisecond) // the waiter queues behind the holder
+	if !waiter.running() {
+		t.Fatalf("the blocking flock returned while the name was held: %s", waiter)
+	}
+	holder.killGroup()
+	waiter.expect("granted", 15*time.Second)
 }
