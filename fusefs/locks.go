@@ -72,6 +72,11 @@ func (h *leaseHandle) setlk(ctx context.Context, owner uint64, lk *fuse.FileLock
 	return errno
 }
 
+// interruptGrace is how long an interrupted lock wait waits for the
+// answer of a store call that may already have granted the lock before it
+// answers EINTR: the grant that came first wins.
+const interruptGrace = 20 * time.Millisecond
+
 // errInterrupted is the result of a blocking lock wait whose request was
 // interrupted before it was granted.
 var errInterrupted = errors.New("fusefs: lock wait interrupted")
@@ -94,9 +99,14 @@ func (h *leaseHandle) wait(d leasecore.Draft, req lockRequest) (leasecore.Grant,
 	select {
 	case <-w.done:
 	case <-req.interrupt.Done():
+		// A grant the store made just before the interrupt is on its
+		// way: it is returned rather than parked if it arrives within
+		// interruptGrace.
+		grace := time.NewTimer(interruptGrace)
 		select {
 		case <-w.done:
-		default:
+			grace.Stop()
+		case <-grace.C:
 			f.parked.park(owner, w, restartWindow, f.afterFunc, f.abandonWait)
 			return leasecore.Grant{}, errInterrupted
 		}
