@@ -52,6 +52,12 @@ func (s *Store) decode(kv *mvccpb.KeyValue, live bool) (*rec, error) {
 		record, extras = kv.Value[:i+1], kv.Value[i+1:]
 	}
 	l, hash, err := leasecore.DecodeRecord(record)
+	if err != nil && len(record) < len(kv.Value) {
+		// Not the layout encode writes (keys in another order): the
+		// whole value is the record.
+		record, extras = kv.Value, []byte("not lines")
+		l, hash, err = leasecore.DecodeRecord(record)
+	}
 	if err != nil {
 		return nil, err
 	}

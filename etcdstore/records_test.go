@@ -57,4 +57,11 @@ func TestDecodeFastPathMatchesTOML(t *testing.T) {
 	if err != nil || r.change != chReserved {
 		t.Errorf("non-canonical value: %v, change %q", err, r.change)
 	}
+	// The extra keys first, the record after them.
+	i := strings.Index(odd, "\nleasefs_")
+	swapped := odd[i+1:] + odd[:i+1]
+	r, err = new(Store).decode(&mvccpb.KeyValue{Value: []byte(swapped)}, false)
+	if err != nil || r.change != chReserved || r.l.Resource != "x" {
+		t.Errorf("extra keys before the record: %v, %+v\n%s", err, r, swapped)
+	}
 }
