@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -362,4 +363,46 @@ func cpuOf(pids ...int) time.Duration {
 		total += time.Duration(u+st) * 10 * time.Millisecond
 	}
 	return total
+}
+
+// etcdTargets are the targets of the etcd store against etcd's own client
+// on one server (docs/PROTOCOL.md §8a): ratios of one run.
+func (b *bench) etcdTargets(ids etcdIDs, on string) []target {
+	f := func(format string, a ...any) string { return fmt.Sprintf(format, a...) + ", " + on }
+	ts := []target{
+		b.ratio(f("etcd store, lease cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.lease, ids.mutexD), ids.lease, 1, ids.mutexD, 1, 0.5),
+		b.ratio(f("etcd store, lease cycle, a namespace per client, 16 clients (%s) / Mutex distinct keys (%s)", ids.ns, ids.mutexD), ids.ns, 16, ids.mutexD, 16, 0.5),
+		b.ratio(f("etcd store, renew, 1 client (%s) / one etcd Put (%s)", ids.renew, ids.put), ids.renew, 1, ids.put, 1, 0.7),
+		b.ratio(f("etcd store, handle cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.handle, ids.mutexD), ids.handle, 1, ids.mutexD, 1, 0.35),
+		b.ratio(f("etcd store, one name, 16 clients queueing (%s) / Mutex one shared key (%s)", ids.queue, ids.mutexS), ids.queue, 16, ids.mutexS, 16, 1.0),
+	}
+	last := fanoutMounts[len(fanoutMounts)-1]
+	ms := target{what: f("etcd store, ms per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout), goal: 1.3, atMost: true}
+	hi, ok1 := b.extras[fmt.Sprintf("%s.ms.%d", ids.fanout, last)]
+	lo, ok2 := b.extras[fmt.Sprintf("%s.ms.0", ids.fanout)]
+	if ok1 && ok2 && lo > 0 {
+		ms.value = hi / lo
+	} else {
+		ms.missing = "row " + ids.fanout
+	}
+	ts = append(ts, ms)
+	if e0, ok := b.extras[fmt.Sprintf("%s.etcdcpu.0", ids.fanout)]; ok && e0 > 0 {
+		ts = append(ts, target{what: f("etcd store, etcd CPU per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout),
+			goal: 1.3, atMost: true, value: b.extras[fmt.Sprintf("%s.etcdcpu.%d", ids.fanout, last)] / e0})
+	}
+	ts = append(ts, b.extra(f("etcd store, idle daemons' CPU per lease cycle with %d idle mounts (%s)", last, ids.fanout),
+		fmt.Sprintf("%s.idlecpu.%d", ids.fanout, last), 1, " ms", 2, true))
+	failed, seen := 0.0, false
+	for key, v := range b.extras {
+		id, _, ok := strings.Cut(key, ".failed.")
+		if ok && slices.Contains(ids.all(), id) {
+			failed += v
+			seen = true
+		}
+	}
+	ft := target{what: f("etcd store and etcd's client, failed calls in any row (%s–%s)", ids.mutexD, ids.fanout), goal: 0, atMost: true, value: failed}
+	if !seen {
+		ft.missing = "no row of " + on
+	}
+	return append(ts, ft)
 }

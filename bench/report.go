@@ -3,15 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"text/tabwriter"
-	"text/template"
 	"time"
 
 	"github.com/leasefs/leasefs/mount"
@@ -182,48 +179,6 @@ func (b *bench) targets() []target {
 	return append(ts, k)
 }
 
-// etcdTargets are the targets of the etcd store against etcd's own client
-// on one server (docs/PROTOCOL.md §8a): ratios of one run.
-func (b *bench) etcdTargets(ids etcdIDs, on string) []target {
-	f := func(format string, a ...any) string { return fmt.Sprintf(format, a...) + ", " + on }
-	ts := []target{
-		b.ratio(f("etcd store, lease cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.lease, ids.mutexD), ids.lease, 1, ids.mutexD, 1, 0.5),
-		b.ratio(f("etcd store, lease cycle, a namespace per client, 16 clients (%s) / Mutex distinct keys (%s)", ids.ns, ids.mutexD), ids.ns, 16, ids.mutexD, 16, 0.5),
-		b.ratio(f("etcd store, renew, 1 client (%s) / one etcd Put (%s)", ids.renew, ids.put), ids.renew, 1, ids.put, 1, 0.7),
-		b.ratio(f("etcd store, handle cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.handle, ids.mutexD), ids.handle, 1, ids.mutexD, 1, 0.35),
-		b.ratio(f("etcd store, one name, 16 clients queueing (%s) / Mutex one shared key (%s)", ids.queue, ids.mutexS), ids.queue, 16, ids.mutexS, 16, 1.0),
-	}
-	last := fanoutMounts[len(fanoutMounts)-1]
-	ms := target{what: f("etcd store, ms per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout), goal: 1.3, atMost: true}
-	hi, ok1 := b.extras[fmt.Sprintf("%s.ms.%d", ids.fanout, last)]
-	lo, ok2 := b.extras[fmt.Sprintf("%s.ms.0", ids.fanout)]
-	if ok1 && ok2 && lo > 0 {
-		ms.value = hi / lo
-	} else {
-		ms.missing = "row " + ids.fanout
-	}
-	ts = append(ts, ms)
-	if e0, ok := b.extras[fmt.Sprintf("%s.etcdcpu.0", ids.fanout)]; ok && e0 > 0 {
-		ts = append(ts, target{what: f("etcd store, etcd CPU per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout),
-			goal: 1.3, atMost: true, value: b.extras[fmt.Sprintf("%s.etcdcpu.%d", ids.fanout, last)] / e0})
-	}
-	ts = append(ts, b.extra(f("etcd store, idle daemons' CPU per lease cycle with %d idle mounts (%s)", last, ids.fanout),
-		fmt.Sprintf("%s.idlecpu.%d", ids.fanout, last), 1, " ms", 2, true))
-	failed, seen := 0.0, false
-	for key, v := range b.extras {
-		id, _, ok := strings.Cut(key, ".failed.")
-		if ok && slices.Contains(ids.all(), id) {
-			failed += v
-			seen = true
-		}
-	}
-	ft := target{what: f("etcd store and etcd's client, failed calls in any row (%s–%s)", ids.mutexD, ids.fanout), goal: 0, atMost: true, value: failed}
-	if !seen {
-		ft.missing = "no row of " + on
-	}
-	return append(ts, ft)
-}
-
 // machine describes where the run happened.
 func (b *bench) machine() [][2]string {
 	var m [][2]string
@@ -385,16 +340,7 @@ func (r report) markdown() []byte {
 		"holds and hand-overs, so even the mean wait of the durable ceiling (3g) is many holds; a p99 wait of at most 20 " +
 		"mean holds is out of reach when that mean already exceeds 20.\n")
 	for _, t := range r.rpc {
-		fmt.Fprintf(&b, "\n## What each system call costs the etcd server (%s)\n\n", t.server)
-		b.WriteString("Read from the server's own counters (`/metrics`: `etcd_server_proposals_committed_total`, " +
-			"`grpc_server_handled_total` of unary calls, `grpc_server_msg_received_total` of `LeaseKeepAlive`) around " +
-			"each workload, run one operation after another through one mount and divided by their number; " +
-			"background work in the window is spread over it. The budget test " +
-			"(`go test -run TestSystemCallCost -v ./etcdstore/`) counts the same per operation.\n\n")
-		b.WriteString("| workload | writes (raft proposals) | unary calls | by method | keep-alive messages |\n| --- | ---: | ---: | --- | ---: |\n")
-		for _, c := range t.costs {
-			fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %.2f |\n", c.workload, c.writes, c.calls(), c.methods(), c.keepAlive)
-		}
+		t.writeMarkdown(&b)
 	}
 	b.WriteString("\n## Results\n\n![throughput against clients](bench/throughput.svg)\n\n")
 	b.WriteString("| id | workload | clients | ops/s | p50 | p99 | notes |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n")
@@ -427,128 +373,6 @@ const rowsDoc = `
 - **8** a holder process flocks one name, a successor blocks in flock on it (seen in user.lease.waiters), the holder is SIGKILLed: the time until the successor's flock returns. The holder is ` + "`flock -o NAME sh -c 'echo held; exec cat'`" + ` (util-linux flock(1), as in README's ` + "`flock -n NAME cmd`" + `; -o keeps the lock flock(1)'s own, so killing it frees the name). **8g** the same with this program as the holder, a Go process: its death takes the kernel longer (it unmaps a larger address space before closing its files). "holder dead after" is the median time from SIGKILL until the holder is a zombie (waitid WNOWAIT), its files closed: the kernel's share, before the daemon hears of the death.
 `
 
-// series are the chart's lines: row id, label, colour, dashed.
-var series = []struct {
-	id, label, color string
-	dashed           bool
-}{
-	{"1a", "leasefs lease cycle (1a)", "#1f77b4", false},
-	{"1c", "leasefs handle-lease cycle (1c)", "#17becf", false},
-	{"3a", "go-fuse in-memory ceiling (3a)", "#7f7f7f", true},
-	{"5d", "etcd Mutex, distinct keys (5d)", "#2ca02c", false},
-	{"9a", "leasefs on etcd, lease cycle (9a)", "#9467bd", false},
-	{"6a", "Redis appendfsync always (6a)", "#d62728", false},
-	{"6e", "Redis appendfsync everysec (6e)", "#ff7f0e", true},
-}
-
-// chartTmpl is the SVG of the throughput chart; chartData fills it.
-var chartTmpl = template.Must(template.New("chart").Parse(`<svg xmlns="http://www.w3.org/2000/svg" width="{{.W}}" height="{{.H}}" viewBox="0 0 {{.W}} {{.H}}" font-family="sans-serif" font-size="12">
-<rect width="{{.W}}" height="{{.H}}" fill="white"/>
-<text x="{{.Left}}" y="22" font-size="15" font-weight="bold">Throughput against concurrent clients (log–log)</text>
-{{range .YTicks}}<line x1="{{$.Left}}" y1="{{printf "%.1f" .Y}}" x2="{{$.Right}}" y2="{{printf "%.1f" .Y}}" stroke="{{if .Label}}#cccccc{{else}}#eeeeee{{end}}"/>
-{{if .Label}}<text x="{{$.LabelX}}" y="{{printf "%.1f" .Y}}" text-anchor="end" dominant-baseline="middle">{{.Label}}</text>
-{{end}}{{end}}{{range .XTicks}}<line x1="{{printf "%.1f" .X}}" y1="{{$.Top}}" x2="{{printf "%.1f" .X}}" y2="{{$.Bottom}}" stroke="#cccccc"/>
-<text x="{{printf "%.1f" .X}}" y="{{$.XLabelY}}" text-anchor="middle">{{.Label}}</text>
-{{end}}<rect x="{{.Left}}" y="{{.Top}}" width="{{.PlotW}}" height="{{.PlotH}}" fill="none" stroke="#333333"/>
-<text x="{{.MidX}}" y="{{.XTitleY}}" text-anchor="middle">concurrent clients</text>
-<text transform="translate(20 {{.MidY}}) rotate(-90)" text-anchor="middle">cycles per second</text>
-{{range $s := .Series}}<polyline points="{{.Points}}" fill="none" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
-{{range .Dots}}<circle cx="{{printf "%.1f" .X}}" cy="{{printf "%.1f" .Y}}" r="3" fill="{{$s.Color}}"/>
-{{end}}<line x1="{{$.LegendX}}" y1="{{.LY}}" x2="{{$.LegendX2}}" y2="{{.LY}}" stroke="{{.Color}}" stroke-width="2"{{if .Dashed}} stroke-dasharray="6 4"{{end}}/>
-<text x="{{$.LegendTX}}" y="{{.LY}}" dominant-baseline="middle">{{.Label}}</text>
-{{end}}</svg>
-`))
-
-type chartPoint struct{ X, Y float64 }
-
-type chartTick struct {
-	X, Y  float64
-	Label string
-}
-
-type chartSeries struct {
-	Points, Color, Label string
-	Dashed               bool
-	Dots                 []chartPoint
-	LY                   int
-}
-
-type chartData struct {
-	W, H, Left, Right, Top, Bottom, PlotW, PlotH int
-	LabelX, XLabelY, MidX, MidY, XTitleY         int
-	LegendX, LegendX2, LegendTX                  int
-	YTicks, XTicks                               []chartTick
-	Series                                       []chartSeries
-}
-
-// chart draws throughput against clients, both axes logarithmic.
-func (r report) chart() ([]byte, error) {
-	const maxClients = 64.0
-	d := chartData{W: 760, H: 460, Left: 80, Top: 40}
-	d.PlotW, d.PlotH = d.W-d.Left-250, d.H-d.Top-60
-	d.Right, d.Bottom = d.Left+d.PlotW, d.Top+d.PlotH
-	d.LabelX, d.XLabelY, d.MidX, d.MidY, d.XTitleY = d.Left-8, d.Bottom+18, d.Left+d.PlotW/2, d.Top+d.PlotH/2, d.H-18
-	d.LegendX = d.Right + 15
-	d.LegendX2, d.LegendTX = d.LegendX+24, d.LegendX+30
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, s := range series {
-		for _, x := range r.rows {
-			if x.id == s.id && x.ops > 0 {
-				lo, hi = math.Min(lo, x.ops), math.Max(hi, x.ops)
-			}
-		}
-	}
-	if math.IsInf(lo, 1) {
-		lo, hi = 1, 10
-	}
-	dlo, dhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	if dhi <= dlo {
-		dhi = dlo + 1
-	}
-	xOf := func(c int) float64 {
-		return float64(d.Left) + math.Log(float64(c))/math.Log(maxClients)*float64(d.PlotW)
-	}
-	yOf := func(v float64) float64 { return float64(d.Top) + (dhi-math.Log10(v))/(dhi-dlo)*float64(d.PlotH) }
-	for e := dlo; e <= dhi; e++ {
-		for _, m := range []float64{1, 2, 5} {
-			if e == dhi && m > 1 {
-				break
-			}
-			t := chartTick{Y: yOf(m * math.Pow(10, e))}
-			if m == 1 {
-				t.Label = siCount(math.Pow(10, e))
-			}
-			d.YTicks = append(d.YTicks, t)
-		}
-	}
-	for _, c := range clientCounts {
-		d.XTicks = append(d.XTicks, chartTick{X: xOf(c), Label: fmt.Sprint(c)})
-	}
-	ly := d.Top + 10
-	for _, s := range series {
-		cs := chartSeries{Color: s.color, Label: s.label, Dashed: s.dashed, LY: ly}
-		var pts []string
-		for _, c := range clientCounts {
-			if x, ok := findRow(r.rows, s.id, c); ok && x.ops > 0 {
-				p := chartPoint{X: xOf(c), Y: yOf(x.ops)}
-				cs.Dots = append(cs.Dots, p)
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", p.X, p.Y))
-			}
-		}
-		if len(pts) == 0 {
-			continue
-		}
-		cs.Points = strings.Join(pts, " ")
-		d.Series = append(d.Series, cs)
-		ly += 20
-	}
-	var b bytes.Buffer
-	if err := chartTmpl.Execute(&b, d); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
-}
-
 // findRow returns the row with id and clients.
 func findRow(rows []row, id string, clients int) (row, bool) {
 	for _, r := range rows {
@@ -557,16 +381,4 @@ func findRow(rows []row, id string, clients int) (row, bool) {
 		}
 	}
 	return row{}, false
-}
-
-// siCount prints a count as 1, 10, 100, 1k, 10k …
-func siCount(v float64) string {
-	switch {
-	case v >= 1e6:
-		return fmt.Sprintf("%gM", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%gk", v/1e3)
-	default:
-		return fmt.Sprintf("%g", v)
-	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -247,4 +248,18 @@ func (c rpcCost) methods() string {
 		ms[i] = fmt.Sprintf("%s %.2f", m, c.unary[m])
 	}
 	return strings.Join(ms, ", ")
+}
+
+// writeMarkdown writes t as a section of BENCHMARKS.md.
+func (t rpcTable) writeMarkdown(b *bytes.Buffer) {
+	fmt.Fprintf(b, "\n## What each system call costs the etcd server (%s)\n\n", t.server)
+	b.WriteString("Read from the server's own counters (`/metrics`: `etcd_server_proposals_committed_total`, " +
+		"`grpc_server_handled_total` of unary calls, `grpc_server_msg_received_total` of `LeaseKeepAlive`) around " +
+		"each workload, run one operation after another through one mount and divided by their number; " +
+		"background work in the window is spread over it. The budget test " +
+		"(`go test -run TestSystemCallCost -v ./etcdstore/`) counts the same per operation.\n\n")
+	b.WriteString("| workload | writes (raft proposals) | unary calls | by method | keep-alive messages |\n| --- | ---: | ---: | --- | ---: |\n")
+	for _, c := range t.costs {
+		fmt.Fprintf(b, "| %s | %.2f | %.2f | %s | %.2f |\n", c.workload, c.writes, c.calls(), c.methods(), c.keepAlive)
+	}
 }

@@ -452,14 +452,7 @@ func TestHandOverCost(t *testing.T) {
 		if err := syscall.Flock(holder, syscall.LOCK_UN); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-headDone:
-			if err != nil {
-				t.Fatalf("the head waiter's flock: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("the head waiter was not granted the name within 20 s")
-		}
+		awaitGrant(t, headDone, "the head waiter")
 	})
 	t.Logf("hand-over: daemon of the holder and the head: %s; daemon of the second waiter: %s", got[0], got[1])
 	if got[0].writes-got[0].background > 2 || got[0].calls() > 3 {
@@ -474,13 +467,20 @@ func TestHandOverCost(t *testing.T) {
 	default:
 	}
 	syscall.Close(head)
+	awaitGrant(t, secondDone, "the second waiter")
+}
+
+// awaitGrant waits up to 20 s for the blocking flock of who to answer on
+// done, and fails t unless it was granted.
+func awaitGrant(t *testing.T, done <-chan error, who string) {
+	t.Helper()
 	select {
-	case err := <-secondDone:
+	case err := <-done:
 		if err != nil {
-			t.Fatalf("the second waiter's flock: %v", err)
+			t.Fatalf("%s's flock: %v", who, err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("the second waiter was not granted the name within 20 s of the head's close")
+		t.Fatalf("%s was not granted the name within 20 s", who)
 	}
 }
 
