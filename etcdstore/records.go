@@ -52,11 +52,10 @@ func (s *Store) decode(kv *mvccpb.KeyValue, live bool) (*rec, error) {
 		record, extras = kv.Value[:i+1], kv.Value[i+1:]
 	}
 	l, hash, err := leasecore.DecodeRecord(record)
-	if err != nil && len(record) < len(kv.Value) {
-		// Not the layout encode writes (keys in another order): the
-		// whole value is the record.
-		record, extras = kv.Value, []byte("not lines")
-		l, hash, err = leasecore.DecodeRecord(record)
+	lines := err == nil // the extra keys follow the record, as encode writes them
+	if !lines && len(record) < len(kv.Value) {
+		// Keys in another order: the whole value is the record.
+		l, hash, err = leasecore.DecodeRecord(kv.Value)
 	}
 	if err != nil {
 		return nil, err
@@ -67,7 +66,7 @@ func (s *Store) decode(kv *mvccpb.KeyValue, live bool) (*rec, error) {
 		l.Generation = uint64(kv.CreateRevision)
 	}
 	r := &rec{l: l, hash: hash, kv: kv}
-	if !r.extraLines(extras) {
+	if !lines || !r.extraLines(extras) {
 		s.decodeExtra(r)
 	}
 	return r, nil
