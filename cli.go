@@ -244,6 +244,7 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	var sf storeFlags
 	var debug bool
 	var logFormat string
+	var grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
@@ -291,8 +292,17 @@ hand over. Root mounts directly; other users through fusermount3.`,
 			if err != nil {
 				return err
 			}
+			graceSet := cmd.Flags().Changed("etcd-grace")
+			switch {
+			case graceSet && spec == nil:
+				return usageError{errors.New("--etcd-grace needs an etcd:// --store: the file store's handle leases have no keep-alive")}
+			case grace < 0:
+				return usageError{fmt.Errorf("--etcd-grace %s: must be 0 (no grace period) or positive", grace)}
+			case !graceSet:
+				grace = opts.LeaseDuration
+			}
 			if spec != nil {
-				if opts.OpenStore, err = etcdOpener(spec, &sf, &opts); err != nil {
+				if opts.OpenStore, err = etcdOpener(spec, &sf, &opts, grace); err != nil {
 					return err
 				}
 				opts.StoreName = sf.store
@@ -318,6 +328,7 @@ hand over. Root mounts directly; other users through fusermount3.`,
 	f.BoolVar(&opts.AllowOther, "allow-other", false, "let other users use the mount (permissions enforced per uid)")
 	f.IntVar(&opts.MaxLeasesPerUID, "max-leases-per-uid", leasecore.DefaultMaxLeasesPerUID, "live leases one uid may hold")
 	f.IntVar(&opts.HistoryKeep, "history-keep", leasecore.DefaultHistoryKeep, "ended lease records to keep")
+	f.DurationVar(&grace, "etcd-grace", 0, "with an etcd store, how long a handle lease whose keep-alive is not confirmed stays in jeopardy before it ends (default the --lease-duration; 0: none)")
 	f.BoolVar(&opts.Takeover, "takeover", false, "ask a daemon already serving --state to hand over, then mount")
 	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; port 0 picks a free one)")

@@ -61,6 +61,8 @@ type helperOption struct {
 var helperOptions = map[string]helperOption{
 	"allow_other":        {flag: "--allow-other"},
 	"lease_duration":     {flag: "--lease-duration", value: true},
+	"store":              {flag: "--store", value: true},
+	"etcd_grace":         {flag: "--etcd-grace", value: true},
 	"max_leases_per_uid": {flag: "--max-leases-per-uid", value: true},
 	"history_keep":       {flag: "--history-keep", value: true},
 	"takeover":           {flag: "--takeover"},
@@ -158,6 +160,10 @@ func parseMountHelper(args []string) (mountHelper, error) {
 			return mountHelper{}, usageError{fmt.Errorf("mount option %s needs a value: %s=…", name, name)}
 		case !spec.value && hasValue:
 			return mountHelper{}, usageError{fmt.Errorf("mount option %s takes no value, got %q", name, o)}
+		case name == "store":
+			// mount(8) splits options at commas: the endpoints of an etcd
+			// store are joined with "+" (docs/PROTOCOL.md §8).
+			h.flags = append(h.flags, spec.flag, strings.ReplaceAll(value, "+", ","))
 		case spec.value:
 			h.flags = append(h.flags, spec.flag, value)
 		default:

@@ -40,6 +40,12 @@ type daemonStatus struct {
 	PreviousHandles int `json:"previous_daemon_handle_leases,omitempty"`
 	// OldestHeartbeat is the least recent heartbeat of a live token lease.
 	OldestHeartbeat *time.Time `json:"oldest_heartbeat,omitempty"`
+	// InJeopardy is, for a daemon serving an etcd store, how many of its
+	// handle leases are in jeopardy by its own view (docs/PROTOCOL.md
+	// §8a, "Elections and jeopardy"); JeopardySince is when that count
+	// last changed. Absent for the file store.
+	InJeopardy    *int       `json:"handle_leases_in_jeopardy,omitempty"`
+	JeopardySince *time.Time `json:"jeopardy_changed_at,omitempty"`
 }
 
 // errNotServed makes "leasefs status" exit 1 after printing its report.
@@ -122,6 +128,9 @@ func readDaemonStatus(cmd *cobra.Command, state string, sf *storeFlags) (daemonS
 	var leases []leasecore.Lease
 	if sf.store != "" && sf.store != "file" {
 		st.Store, st.StoreURL = "etcd", sf.store
+		if j, ok := readJeopardy(abs, st.PID); ok && st.Served {
+			st.InJeopardy, st.JeopardySince = &j.InJeopardy, &j.At
+		}
 		ctx, cancel := context.WithTimeout(cmd.Context(), clusterTimeout)
 		defer cancel()
 		s, err := openForReading(ctx, state, sf, cmd.ErrOrStderr())
@@ -177,6 +186,9 @@ func printStatus(w io.Writer, st daemonStatus) {
 	}
 	if st.StoreURL != "" {
 		fmt.Fprintf(w, "store:       %s (daemon lock in %s)\n", st.StoreURL, st.State)
+		if st.InJeopardy != nil {
+			fmt.Fprintf(w, "jeopardy:    %d handle leases (the daemon's view, since %s)\n", *st.InJeopardy, st.JeopardySince.Format(time.RFC3339))
+		}
 		if st.ClusterError != "" {
 			fmt.Fprintf(w, "cluster:     unreachable from here: %s\n", st.ClusterError)
 			return

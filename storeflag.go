@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -128,8 +129,11 @@ func (sf *storeFlags) options() (etcdstore.Options, error) {
 // etcdOpener returns the [mount.Options.OpenStore] of an etcd store for
 // the daemon serving state: its daemon identity is the host and the
 // absolute state directory, so that a restarted daemon ends only the
-// handle leases it left (docs/PROTOCOL.md §8a).
-func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(context.Context, *slog.Logger, mount.StoreHooks) (leasecore.Store, error), error) {
+// handle leases it left (docs/PROTOCOL.md §8a). Its handle leases have a
+// grace period of grace (§8a, "Elections and jeopardy"), and the count of
+// those in jeopardy is recorded in state for "leasefs status"
+// ([writeJeopardy]).
+func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.Duration) (func(context.Context, *slog.Logger, mount.StoreHooks) (leasecore.Store, error), error) {
 	eo, err := sf.options()
 	if err != nil {
 		return nil, err
@@ -144,6 +148,9 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options) (func(conte
 		o.Logger, o.OnCommit, o.HandleHolders = log, hooks.OnCommit, hooks.HandleHolders
 		o.Host = leasecore.Hostname()
 		o.DaemonID = o.Host + ":" + state
+		o.Grace = grace
+		o.OnJeopardy = func(n int) { writeJeopardy(log, state, n) }
+		writeJeopardy(log, state, 0)
 		s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", sf.store, err)

@@ -134,9 +134,17 @@ func (s *Store) cutOff(op, key string, err error) {
 // Health reports whether the cluster answered the store's last call, since
 // when, and how many calls it failed (see [leasecore.HealthReporter]).
 func (s *Store) Health() leasecore.Health {
+	now := time.Now()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.health
+	n, entered := s.jeopardyLocked(now)
+	end := s.hs.deadline
+	h := s.health
+	h.InJeopardy = s.jeopardyCountLocked()
+	s.mu.Unlock()
+	if entered {
+		s.warnJeopardy(n, end)
+	}
+	return h
 }
 
 // seeRev records that the store has seen the cluster at revision rev.

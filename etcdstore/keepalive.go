@@ -27,23 +27,34 @@ import (
 // hsession is the etcd lease of this store's handle leases. Guarded by
 // Store.mu.
 type hsession struct {
-	id  clientv3.LeaseID // 0 while none is granted
+	id clientv3.LeaseID // 0 while none is granted
+	// ttl is the TTL the cluster granted: lease duration + grace
+	// (Options.Grace), in whole seconds.
 	ttl time.Duration
-	// deadline is the local end of every handle lease on the session
-	// (docs/PROTOCOL.md §8a): the send time of the last keep-alive (or the
-	// grant) the cluster confirmed, plus the TTL, minus [localMargin]. It
-	// is a reading of the real monotonic clock (time.Now), not of
-	// Options.Clock: it is compared with etcd's own TTL countdown. It only
-	// grows for one id.
-	deadline time.Time
+	// kept and deadline are readings of the real monotonic clock
+	// (time.Now), not of Options.Clock: they are compared with etcd's own
+	// TTL countdown. Both only grow for one id. With c the send time of
+	// the last keep-alive (or the grant) the cluster confirmed and m the
+	// margin of the lease duration ([localMargin]):
+	//
+	//   - kept = c + (ttl − grace) − m is the local deadline of every
+	//     handle lease on the session; past it they are in jeopardy
+	//     (docs/PROTOCOL.md §8a, "Elections and jeopardy");
+	//   - deadline = c + ttl − m is their local end: kept + grace.
+	kept, deadline time.Time
+	// jeopardy is non-nil while the session is in jeopardy, and closed
+	// when it leaves it (confirmed or lost); see [Store.Jeopardy].
+	jeopardy chan struct{}
+	// jeopardySince is when the session entered jeopardy.
+	jeopardySince time.Time
 }
 
 // errNoSession: the handle session is not granted or past its local
-// deadline; a handle lease cannot be kept alive now.
+// end; a handle lease cannot be kept alive now.
 var errNoSession = errors.New("etcdstore: no confirmed handle session")
 
 // handleSession returns the handle session's etcd lease while its local
-// deadline is ahead.
+// end is ahead.
 func (s *Store) handleSession() (clientv3.LeaseID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -53,8 +64,16 @@ func (s *Store) handleSession() (clientv3.LeaseID, error) {
 	return s.hs.id, nil
 }
 
+// confirmedAt returns the local deadline and the local end of a handle
+// session of TTL ttl whose keep-alive sent at sent the cluster confirmed.
+func (s *Store) confirmedAt(sent time.Time, ttl time.Duration) (kept, deadline time.Time) {
+	base := max(ttl-s.opts.Grace, time.Second)
+	m := localMargin(base)
+	return sent.Add(base - m), sent.Add(ttl - m)
+}
+
 // grantHandleSession grants a new handle session of TTL the lease duration
-// (whole seconds, rounded up).
+// + grace (whole seconds, rounded up).
 func (s *Store) grantHandleSession(ctx context.Context) error {
 	cctx, done := s.call(background(ctx))
 	sent := time.Now()
@@ -64,22 +83,30 @@ func (s *Store) grantHandleSession(ctx context.Context) error {
 		return err
 	}
 	ttl := time.Duration(g.TTL) * time.Second
+	kept, deadline := s.confirmedAt(sent, ttl)
 	s.mu.Lock()
-	s.hs = hsession{id: g.ID, ttl: ttl, deadline: sent.Add(ttl - localMargin(ttl))}
+	s.hs = hsession{id: g.ID, ttl: ttl, kept: kept, deadline: deadline}
 	s.mu.Unlock()
 	return nil
 }
 
 // keepHandles keeps the handle session alive until the store closes: a
-// keep-alive every [keepAliveEvery] of its TTL, each waiting at most until
-// the local deadline; each answer moves the deadline to its send time +
-// TTL − margin. etcd counts the TTL from when it received a keep-alive,
-// which is after it was sent, so etcd cannot expire the session before this
-// store's deadline (up to clock-rate drift, which the margin covers). Once
-// the deadline passes without a newer answer, or the cluster says the
-// session is gone, every handle lease on it has ended for this store
-// ([Store.lost]) and a new session is granted for the next ones.
+// keep-alive every [keepAliveEvery] of the lease duration, each waiting at
+// most a third of the lease duration (at least a second) and never past
+// the local end; each answer moves the local deadline and end (see
+// [hsession]) on from its send time. etcd counts the TTL from when it
+// received a keep-alive, which is after it was sent, so etcd cannot expire
+// the session before this store's local end (up to clock-rate drift, which
+// the margin covers). Past the local deadline the session is in jeopardy
+// (Chubby's, Burrows, OSDI 2006, §2.8): its leases hold, the calls of
+// their holders wait (see [Store.Jeopardy]) and the keep-alives go on; a
+// confirmed one ends the jeopardy. Once the local end passes without one,
+// or the cluster says the session is gone, every handle lease on it has
+// ended for this store ([Store.lost]) and a new session is granted for the
+// next ones.
 func (s *Store) keepHandles() {
+	base := max(time.Duration(s.ttl)*time.Second-s.opts.Grace, time.Second)
+	reported := 0
 	for s.bg.Err() == nil {
 		s.mu.Lock()
 		hs := s.hs
@@ -95,30 +122,36 @@ func (s *Store) keepHandles() {
 		}
 		sent := time.Now()
 		if !sent.Before(hs.deadline) {
-			s.loseSession(hs.id)
+			s.loseSession(hs.id, s.pastEndReason())
+			reported = s.reportJeopardy(reported)
 			continue
 		}
-		kctx, done := context.WithDeadline(background(s.bg), minTime(hs.deadline, sent.Add(s.opts.CallTimeout)))
+		s.checkJeopardy(sent)
+		reported = s.reportJeopardy(reported)
+		try := minTime(hs.deadline, sent.Add(min(max(base/3, time.Second), s.opts.CallTimeout)))
+		kctx, done := context.WithDeadline(background(s.bg), try)
 		resp, err := s.cli.KeepAliveOnce(kctx, hs.id)
 		done()
 		switch {
 		case s.bg.Err() != nil:
 			return
 		case err == nil && resp.TTL > 0:
-			ttl := time.Duration(resp.TTL) * time.Second
-			s.mu.Lock()
-			if d := sent.Add(ttl - localMargin(ttl)); s.hs.id == hs.id && d.After(s.hs.deadline) {
-				s.hs.deadline = d
-			}
-			s.mu.Unlock()
+			s.confirm(hs.id, sent, time.Duration(resp.TTL)*time.Second)
 		case err == nil || isLeaseGone(err):
-			s.loseSession(hs.id)
+			s.loseSession(hs.id, "the cluster says the etcd lease of the daemon's handle leases is gone")
+			reported = s.reportJeopardy(reported)
 			continue
 		default:
 			s.opts.Logger.Debug("keep-alive of the handle session failed", "etcd_lease", int64(hs.id), "err", err)
 		}
+		now := time.Now()
+		s.checkJeopardy(now)
+		reported = s.reportJeopardy(reported)
 		s.mu.Lock()
-		next := minTime(s.hs.deadline, sent.Add(keepAliveEvery(hs.ttl)))
+		next := minTime(s.hs.deadline, sent.Add(keepAliveEvery(base)))
+		if s.hs.jeopardy == nil && now.Before(s.hs.kept) {
+			next = minTime(next, s.hs.kept)
+		}
 		s.mu.Unlock()
 		if !s.sleep(time.Until(next)) {
 			return
@@ -126,13 +159,154 @@ func (s *Store) keepHandles() {
 	}
 }
 
-// loseSession ends, for this store, every handle lease on session id and
-// forgets the session, so that the next one is granted.
-func (s *Store) loseSession(id clientv3.LeaseID) {
+// pastEndReason says why the handle leases end at the session's local end.
+func (s *Store) pastEndReason() string {
+	if s.opts.Grace > 0 {
+		return "keep-alive of the handle lease not confirmed within the grace period after its local deadline"
+	}
+	return "keep-alive of the handle lease not confirmed before its local deadline"
+}
+
+// confirm records that the cluster confirmed, with TTL ttl, the keep-alive
+// of session id sent at sent, and ends the session's jeopardy if the new
+// local deadline is ahead.
+func (s *Store) confirm(id clientv3.LeaseID, sent time.Time, ttl time.Duration) {
+	kept, deadline := s.confirmedAt(sent, ttl)
+	now := time.Now()
 	s.mu.Lock()
 	if s.hs.id != id {
 		s.mu.Unlock()
 		return
+	}
+	if deadline.After(s.hs.deadline) {
+		s.hs.kept, s.hs.deadline = kept, deadline
+	}
+	if s.hs.jeopardy == nil || !now.Before(s.hs.kept) {
+		s.mu.Unlock()
+		return
+	}
+	close(s.hs.jeopardy)
+	s.hs.jeopardy = nil
+	saved := 0
+	for _, h := range s.handles {
+		if h.jeopardy {
+			h.jeopardy = false
+			saved++
+		}
+	}
+	s.health.JeopardySaved += uint64(saved)
+	since := s.hs.jeopardySince
+	s.mu.Unlock()
+	s.opts.Logger.Info("handle leases kept alive through jeopardy", "handle_leases", saved,
+		"in_jeopardy_for", now.Sub(since).Round(time.Millisecond), "etcd_lease", int64(id))
+}
+
+// checkJeopardy puts the handle session in jeopardy when now is past its
+// local deadline, and logs it once.
+func (s *Store) checkJeopardy(now time.Time) {
+	s.mu.Lock()
+	n, entered := s.jeopardyLocked(now)
+	end := s.hs.deadline
+	s.mu.Unlock()
+	if entered {
+		s.warnJeopardy(n, end)
+	}
+}
+
+// jeopardyLocked puts the handle session in jeopardy when now is past its
+// local deadline and before its end, with every handle lease on it, and
+// reports how many and whether it entered jeopardy now. The caller holds
+// mu and logs the entry ([Store.warnJeopardy]) after releasing it.
+func (s *Store) jeopardyLocked(now time.Time) (int, bool) {
+	if s.hs.id == 0 || s.hs.jeopardy != nil || now.Before(s.hs.kept) || !now.Before(s.hs.deadline) {
+		return 0, false
+	}
+	s.hs.jeopardy, s.hs.jeopardySince = make(chan struct{}), now
+	for _, h := range s.handles {
+		h.jeopardy = true
+	}
+	s.health.JeopardyTotal += uint64(len(s.handles))
+	return len(s.handles), true
+}
+
+// warnJeopardy logs that n handle leases entered jeopardy, to end at end
+// unless a keep-alive is confirmed first.
+func (s *Store) warnJeopardy(n int, end time.Time) {
+	s.opts.Logger.Warn("handle leases in jeopardy", "handle_leases", n,
+		"reason", "keep-alive not confirmed before the local deadline (a leader election, or the cluster out of reach)",
+		"ends_in", time.Until(end).Round(time.Millisecond))
+}
+
+// jeopardyCountLocked returns how many handle leases are in jeopardy. The
+// caller holds mu.
+func (s *Store) jeopardyCountLocked() int {
+	if s.hs.jeopardy == nil {
+		return 0
+	}
+	n := 0
+	for _, h := range s.handles {
+		if h.jeopardy {
+			n++
+		}
+	}
+	return n
+}
+
+// reportJeopardy calls Options.OnJeopardy with the number of handle
+// leases in jeopardy when it differs from reported, and returns it. Only
+// the keep-alive loop calls it, so that the reports keep their order.
+func (s *Store) reportJeopardy(reported int) int {
+	if s.opts.OnJeopardy == nil {
+		return reported
+	}
+	s.mu.Lock()
+	n := s.jeopardyCountLocked()
+	s.mu.Unlock()
+	if n != reported {
+		s.opts.OnJeopardy(n)
+	}
+	return n
+}
+
+// Jeopardy returns, while handle lease id that this store keeps alive is
+// in jeopardy, a channel closed when it leaves jeopardy: kept alive, or
+// ended; nil otherwise. See [leasecore.HandleOwner] and docs/PROTOCOL.md
+// §8a, "Elections and jeopardy". The mount makes the calls of the lease's
+// holder wait on it.
+func (s *Store) Jeopardy(id string) <-chan struct{} {
+	now := time.Now()
+	s.mu.Lock()
+	h := s.handles[id]
+	if h == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	n, entered := s.jeopardyLocked(now)
+	end := s.hs.deadline
+	var ch chan struct{}
+	if h.jeopardy && now.Before(end) {
+		ch = s.hs.jeopardy
+	}
+	s.mu.Unlock()
+	if entered {
+		s.warnJeopardy(n, end)
+	}
+	if ch == nil {
+		return nil
+	}
+	return ch
+}
+
+// loseSession ends, for this store, every handle lease on session id for
+// reason and forgets the session, so that the next one is granted.
+func (s *Store) loseSession(id clientv3.LeaseID, reason string) {
+	s.mu.Lock()
+	if s.hs.id != id {
+		s.mu.Unlock()
+		return
+	}
+	if s.hs.jeopardy != nil {
+		close(s.hs.jeopardy)
 	}
 	s.hs = hsession{}
 	ids := make([]string, 0, len(s.handles))
@@ -141,7 +315,7 @@ func (s *Store) loseSession(id clientv3.LeaseID) {
 	}
 	s.mu.Unlock()
 	for _, hid := range ids {
-		s.lost(hid)
+		s.lost(hid, reason)
 	}
 }
 
@@ -176,7 +350,8 @@ func (s *Store) keepAlive(id string) {
 }
 
 // handleDeadline returns the local end of handle lease id kept alive by
-// this store, and whether it is one. The caller holds mu.
+// this store (its local deadline + grace), and whether it is one. The
+// caller holds mu.
 func (s *Store) handleDeadline(id string) (time.Time, bool) {
 	if s.handles[id] == nil {
 		return time.Time{}, false
@@ -185,7 +360,7 @@ func (s *Store) handleDeadline(id string) (time.Time, bool) {
 }
 
 // pastDeadline reports whether handle lease id, kept alive by this store,
-// has reached its local deadline; it then ends the lease for this store at
+// has reached its local end; it then ends the lease for this store at
 // once rather than when the keep-alive loop next wakes.
 func (s *Store) pastDeadline(id string) bool {
 	s.mu.Lock()
@@ -193,7 +368,7 @@ func (s *Store) pastDeadline(id string) bool {
 	past := ok && !time.Now().Before(d)
 	s.mu.Unlock()
 	if past {
-		s.lost(id)
+		s.lost(id, s.pastEndReason())
 	}
 	return past
 }
@@ -219,8 +394,9 @@ func (s *Store) stopKeepAlive(id string) {
 	s.mu.Unlock()
 }
 
-// lost ends handle lease id for this store after its keep-alive failed.
-func (s *Store) lost(id string) {
+// lost ends handle lease id for this store after its keep-alive failed,
+// logging reason.
+func (s *Store) lost(id string, reason string) {
 	s.mu.Lock()
 	delete(s.handles, id)
 	k := s.known[id]
@@ -237,7 +413,7 @@ func (s *Store) lost(id string) {
 	s.mu.Unlock()
 	s.notify(l.Resource)
 	s.opts.Logger.Warn("lease ended", "resource", l.Resource, "lease", id, "generation", l.Generation,
-		"status", l.Status, "reason", "keep-alive of the handle lease not confirmed before its local deadline")
+		"status", l.Status, "reason", reason)
 	// Remove the key once the cluster answers (it may have kept the etcd
 	// lease alive over a restart), so that other mounts see the name free.
 	s.removeLater(l)

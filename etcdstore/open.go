@@ -59,6 +59,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	if opts.SessionTTL <= 0 {
 		opts.SessionTTL = DefaultSessionTTL
 	}
+	opts.Grace = max(opts.Grace, 0)
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: opts.CallTimeout,
@@ -78,7 +79,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	bg, cancel := context.WithCancel(context.Background())
 	s := &Store{
 		cli: cli, opts: opts, k: keys(prefix), bootID: leasecore.BootID(),
-		ttl: int64((opts.LeaseDuration + time.Second - 1) / time.Second),
+		ttl: int64((opts.LeaseDuration + opts.Grace + time.Second - 1) / time.Second),
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),
 		handles: make(map[string]*handle), previous: make(map[string]string),

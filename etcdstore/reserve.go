@@ -200,7 +200,7 @@ func (s *Store) forgetLease(lid clientv3.LeaseID) {
 	hs := s.hs.id
 	s.mu.Unlock()
 	if hs == lid {
-		s.loseSession(lid)
+		s.loseSession(lid, "the cluster says the etcd lease of the daemon's handle leases is gone")
 	}
 }
 

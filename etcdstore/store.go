@@ -76,6 +76,20 @@ type Options struct {
 	// SessionTTL is the TTL of the session lease of this store's waiter
 	// keys; default [DefaultSessionTTL].
 	SessionTTL time.Duration
+	// Grace is how long a handle lease stays in jeopardy after its local
+	// deadline passes without a confirmed keep-alive before it ends
+	// (docs/PROTOCOL.md §8a, "Elections and jeopardy"; Chubby's grace
+	// period, Burrows, OSDI 2006, §2.8). The handle session's TTL in the
+	// cluster is LeaseDuration + Grace, so that etcd cannot expire it
+	// before the local end. 0 (the default of the library; "leasefs
+	// mount" defaults it to the lease duration): no jeopardy, a handle
+	// lease ends at its local deadline. Negative values count as 0.
+	Grace time.Duration
+	// OnJeopardy, when set, is called with the number of handle leases in
+	// jeopardy each time it changes (from the keep-alive loop; it must
+	// return quickly and not call the store). The mount records it for
+	// "leasefs status" (docs/PROTOCOL.md §8).
+	OnJeopardy func(inJeopardy int)
 	// TLS, when set, is used to reach the cluster.
 	TLS *tls.Config
 	// Username and Password authenticate to the cluster when Username is
@@ -93,7 +107,7 @@ type Store struct {
 	opts   Options
 	k      keys
 	bootID string
-	ttl    int64 // seconds
+	ttl    int64 // of the handle session, seconds: lease duration + grace, rounded up
 
 	bg     context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -134,7 +148,7 @@ type Store struct {
 	previous map[string]string
 	changed  map[string]chan struct{} // resource → closed at its next change
 	ended    int                      // leases ended since the last prune
-	health   leasecore.Health         // see [Store.Health]
+	health   leasecore.Health         // see [Store.Health]; its jeopardy counts are kept by keepHandles
 	// electionWarned is when the store last logged a call refused by an
 	// election (see [Store.cutOff]).
 	electionWarned time.Time
@@ -163,6 +177,9 @@ type handle struct {
 	// once the lease binds to an open file of this daemon. Guarded by
 	// Store.mu.
 	previous string
+	// jeopardy: the lease entered jeopardy with the handle session and is
+	// still in it (docs/PROTOCOL.md §8a). Guarded by Store.mu.
+	jeopardy bool
 }
 
 // localMargin is how long before the cluster could expire an etcd lease of
@@ -173,11 +190,11 @@ func localMargin(ttl time.Duration) time.Duration {
 	return min(max(ttl/3, 500*time.Millisecond), ttl/2)
 }
 
-// keepAliveEvery is the cadence of a handle lease's keep-alives for an etcd
-// lease of TTL ttl: ttl/6, so that a healthy connection renews the local
-// deadline (ttl - localMargin after a send) several times over before it
+// keepAliveEvery is the cadence of a handle lease's keep-alives for a
+// lease duration d: d/6, so that a healthy connection renews the local
+// deadline (d − localMargin(d) after a send) several times over before it
 // is reached.
-func keepAliveEvery(ttl time.Duration) time.Duration { return ttl / 6 }
+func keepAliveEvery(d time.Duration) time.Duration { return d / 6 }
 
 // rec is a decoded lease key.
 type rec struct {

@@ -57,14 +57,19 @@ type FS struct {
 	started time.Time
 	root    *dirNode
 
-	tokens   tokenVault
-	sizes    docSizes
-	dirInos  dirInodes
-	posix    posixOwners
-	flushes  flushOwners
-	unlinked unlinkedLeases
-	lookups  threadLookups
-	parked   parkedWaits
+	tokens  tokenVault
+	sizes   docSizes
+	dirInos dirInodes
+	posix   posixOwners
+	flushes flushOwners
+	// interrupts and jeopardy: see jeopardy.go; jeopardy is set when the
+	// store is a [leasecore.HandleOwner], whose handle leases may be in
+	// jeopardy.
+	interrupts interruptsOf
+	jeopardy   bool
+	unlinked   unlinkedLeases
+	lookups    threadLookups
+	parked     parkedWaits
 	// survivors are the handle leases of previous daemons kept for their
 	// open files ([FS.Adopt]).
 	survivors survivorSet
@@ -106,6 +111,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		proc:       "/proc",
 	}
 	f.unlinked.wake = make(chan struct{}, 1)
+	_, f.jeopardy = store.(leasecore.HandleOwner)
 	f.drained, f.drain = context.WithCancel(context.Background())
 	// The feed lives as long as the store: closing the store ends it. Run
 	// follows only the ends; the renews and binds of the hot paths do not

@@ -74,15 +74,21 @@ func (h *leaseHandle) leaseID() string {
 }
 
 // live returns the handle's lease if it is still live, ESTALE otherwise.
-func (h *leaseHandle) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
-	l, err := h.fsys.store.Load(ctx, h.leaseID())
-	if err != nil {
-		return l, toErrno(err)
+// A call of the lease's holder waits while the lease is in jeopardy
+// ([FS.awaitKept]; EINTR when interrupted meanwhile).
+func (h *leaseHandle) live(ctx context.Context, op string, c caller) (leasecore.Lease, syscall.Errno) {
+	for {
+		l, err := h.fsys.store.Load(ctx, h.leaseID())
+		if err != nil {
+			return l, toErrno(err)
+		}
+		if !l.Live() {
+			return l, syscall.ESTALE
+		}
+		if waited, errno := h.fsys.awaitKept(ctx, op, c, l); !waited || errno != 0 {
+			return l, errno
+		}
 	}
-	if !l.Live() {
-		return l, syscall.ESTALE
-	}
-	return l, 0
 }
 
 // Read returns, for the first read after the reservation by the holder uid
@@ -90,7 +96,10 @@ func (h *leaseHandle) live(ctx context.Context) (leasecore.Lease, syscall.Errno)
 // (docs/PROTOCOL.md §3, §4.1). Errors: ESTALE once the handle's lease has ended.
 func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	c := callerOf(ctx)
-	l, errno := h.live(ctx)
+	l, errno := h.live(ctx, "read", c)
+	if errno == syscall.EINTR {
+		return nil, errno
+	}
 	if errno != 0 {
 		return nil, h.fsys.refuse("read", h.resource, c, errno, "lease ended")
 	}
@@ -127,7 +136,7 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 // nothing is left held (docs/PROTOCOL.md §3, "Choices").
 func (h *leaseHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	n, errno := h.write(ctx, data)
-	if errno != 0 {
+	if errno != 0 && errno != syscall.EINTR {
 		h.dropUnclaimed()
 	}
 	return n, errno
@@ -143,7 +152,10 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	if err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, err)
 	}
-	l, errno := h.live(ctx)
+	l, errno := h.live(ctx, "write", c)
+	if errno == syscall.EINTR {
+		return 0, errno
+	}
 	if errno != 0 {
 		return 0, h.fsys.refuse("write", h.resource, c, errno, "lease ended")
 	}

@@ -11,15 +11,18 @@ import (
 // (docs/PROTOCOL.md §3, "Interrupted calls"): rawFS hands every other
 // request a cancel channel that never closes (nil), so that no handler and
 // no store call can turn an interrupt into an errno. SetLkw, promoted from
-// the node tree, keeps the real one. The store calls keep their own bounds
+// the node tree, keeps the real one. GETATTR, READ, WRITE, GETXATTR and
+// SETLK, which may wait for a handle lease in jeopardy, get a key that
+// never closes either, under which jeopardy.go finds the real one. The store calls keep their own bounds
 // (docs/PROTOCOL.md §8a).
 
 func (r *rawFS) Lookup(_ <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	return r.RawFileSystem.Lookup(nil, header, name, out)
 }
 
-func (r *rawFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	return r.RawFileSystem.GetAttr(nil, in, out)
+func (r *rawFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) (st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { st = r.RawFileSystem.GetAttr(key, in, out) })
+	return st
 }
 
 func (r *rawFS) SetAttr(_ <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
@@ -62,8 +65,9 @@ func (r *rawFS) Access(_ <-chan struct{}, in *fuse.AccessIn) fuse.Status {
 	return r.RawFileSystem.Access(nil, in)
 }
 
-func (r *rawFS) GetXAttr(_ <-chan struct{}, header *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
-	return r.RawFileSystem.GetXAttr(nil, header, attr, dest)
+func (r *rawFS) GetXAttr(cancel <-chan struct{}, header *fuse.InHeader, attr string, dest []byte) (n uint32, st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { n, st = r.RawFileSystem.GetXAttr(key, header, attr, dest) })
+	return n, st
 }
 
 func (r *rawFS) ListXAttr(_ <-chan struct{}, header *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
@@ -90,8 +94,9 @@ func (r *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse
 	return r.RawFileSystem.Open(nil, in, out)
 }
 
-func (r *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	return r.RawFileSystem.Read(nil, in, buf)
+func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (res fuse.ReadResult, st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { res, st = r.RawFileSystem.Read(key, in, buf) })
+	return res, st
 }
 
 func (r *rawFS) Lseek(_ <-chan struct{}, in *fuse.LseekIn, out *fuse.LseekOut) fuse.Status {
@@ -102,20 +107,23 @@ func (r *rawFS) GetLk(_ <-chan struct{}, in *fuse.LkIn, out *fuse.LkOut) fuse.St
 	return r.RawFileSystem.GetLk(nil, in, out)
 }
 
-func (r *rawFS) SetLk(_ <-chan struct{}, in *fuse.LkIn) fuse.Status {
-	return r.RawFileSystem.SetLk(nil, in)
+func (r *rawFS) SetLk(cancel <-chan struct{}, in *fuse.LkIn) (st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { st = r.RawFileSystem.SetLk(key, in) })
+	return st
 }
 
 func (r *rawFS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	r.RawFileSystem.Release(nil, in)
 }
 
-func (r *rawFS) Write(_ <-chan struct{}, in *fuse.WriteIn, data []byte) (uint32, fuse.Status) {
-	return r.RawFileSystem.Write(nil, in, data)
+func (r *rawFS) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (n uint32, st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { n, st = r.RawFileSystem.Write(key, in, data) })
+	return n, st
 }
 
-func (r *rawFS) Writev(_ <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
-	return r.RawFileSystem.Writev(nil, in, data)
+func (r *rawFS) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (n uint32, st fuse.Status) {
+	r.interruptible(cancel, func(key <-chan struct{}) { n, st = r.RawFileSystem.Writev(key, in, data) })
+	return n, st
 }
 
 func (r *rawFS) CopyFileRange(_ <-chan struct{}, in *fuse.CopyFileRangeIn) (uint32, fuse.Status) {

@@ -81,13 +81,32 @@ func (n *leaseNode) current(ctx context.Context) (leasecore.Lease, syscall.Errno
 	return l, syscall.ESTALE
 }
 
+// currentKept is [leaseNode.current] for fstat and fgetxattr: a call of
+// the lease's holder waits while the lease is in jeopardy ([FS.awaitKept];
+// EINTR when interrupted meanwhile).
+func (n *leaseNode) currentKept(ctx context.Context, op string) (leasecore.Lease, syscall.Errno) {
+	if !n.fsys.jeopardy {
+		return n.current(ctx)
+	}
+	c := callerOf(ctx)
+	for {
+		l, errno := n.current(ctx)
+		if errno != 0 {
+			return l, errno
+		}
+		if waited, errno := n.fsys.awaitKept(ctx, op, c, l); !waited || errno != 0 {
+			return l, errno
+		}
+	}
+}
+
 // Getattr returns the lease's attributes (docs/PROTOCOL.md §3 stat row); ESTALE once it
 // has ended, unless an open file of the inode was re-bound (see current);
 // st_ino stays the inode's.
 func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	// fh is no help: for fstat the kernel sends none and go-fuse passes
 	// the inode's first open file, whichever process it belongs to.
-	l, errno := n.current(ctx)
+	l, errno := n.currentKept(ctx, "getattr")
 	if errno == syscall.ESTALE {
 		errno = n.opening(ctx, &l)
 	}
@@ -237,7 +256,7 @@ func (f *FS) xattrValue(l leasecore.Lease, name string) (string, bool) {
 // ENODATA for unknown names, ERANGE when dest is too small, ESTALE once the
 // lease has ended.
 func (n *leaseNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	l, errno := n.current(ctx)
+	l, errno := n.currentKept(ctx, "getxattr")
 	if errno != 0 {
 		return 0, errno
 	}

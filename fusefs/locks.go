@@ -219,7 +219,15 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	h.mu.Unlock()
 	if req.flock && bound {
 		// flock(2) on a lock this open file already holds: a no-op, but
-		// the caller is now the process that holds it.
+		// the caller is now the process that holds it. The holder's call
+		// waits while the lease is in jeopardy (jeopardy.go).
+		if f.jeopardy {
+			if l, err := f.store.Load(ctx, id); err == nil {
+				if _, errno := f.awaitKept(ctx, op, req.c, l); errno != 0 {
+					return errno
+				}
+			}
+		}
 		if _, err := f.store.Bind(ctx, id, req.c.pid()); err != nil && !errors.Is(err, leasecore.ErrInactive) {
 			return f.refuse(op, h.resource, req.c, toErrno(err), err)
 		}

@@ -18,6 +18,15 @@ type Health struct {
 	// Failures counts the calls that failed because the service did not
 	// answer, since the store opened.
 	Failures uint64
+	// InJeopardy is how many handle leases held through this daemon are
+	// in jeopardy now: past their local deadline without a confirmed
+	// keep-alive, within the grace period (docs/PROTOCOL.md §8a,
+	// "Elections and jeopardy").
+	InJeopardy int
+	// JeopardyTotal counts the handle leases that entered jeopardy since
+	// the store opened; JeopardySaved those of them that left it kept
+	// alive (the others ended).
+	JeopardyTotal, JeopardySaved uint64
 }
 
 // HealthReporter is implemented by stores that have a [Health] to report;
@@ -48,6 +57,11 @@ type HandleOwner interface {
 	// OwnsHandle reports whether handle lease id is held through this
 	// store's daemon: bound by it and kept alive by it.
 	OwnsHandle(id string) bool
+	// Jeopardy returns, while handle lease id held through this daemon is
+	// in jeopardy (docs/PROTOCOL.md §8a, "Elections and jeopardy"), a
+	// channel that is closed when it leaves jeopardy: kept alive, or
+	// ended. It returns nil when the lease is not in jeopardy.
+	Jeopardy(id string) <-chan struct{}
 }
 
 // OwnsHandle reports whether l is a handle lease held through the daemon

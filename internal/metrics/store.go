@@ -12,7 +12,9 @@ import (
 // leasefs_live_leases by mode, leasefs_lock_waiters and
 // leasefs_previous_daemon_handle_leases; for a store that
 // reports its connection ([leasecore.HealthReporter], the etcd store) also
-// leasefs_store_reachable and leasefs_store_unreachable_calls_total; for a
+// leasefs_store_reachable, leasefs_store_unreachable_calls_total,
+// leasefs_handle_leases_in_jeopardy, leasefs_handle_lease_jeopardy_total
+// and leasefs_handle_lease_jeopardy_saved_total; for a
 // store that writes record files behind its journal
 // ([leasecore.BacklogReporter], the file store) also
 // leasefs_store_lagging_records. Safe for concurrent use.
@@ -24,6 +26,9 @@ type storeCollector struct {
 	unreachable *prometheus.Desc
 	lagging     *prometheus.Desc
 	previous    *prometheus.Desc
+	jeopardy    *prometheus.Desc
+	jeopTotal   *prometheus.Desc
+	jeopSaved   *prometheus.Desc
 }
 
 var _ prometheus.Collector = storeCollector{}
@@ -39,6 +44,12 @@ func newStoreCollector(store leasecore.Store) storeCollector {
 			"1 while the store's remote service (the etcd cluster) answered its last call, else 0.", nil, nil),
 		unreachable: prometheus.NewDesc("leasefs_store_unreachable_calls_total",
 			"Store calls that failed because the remote service (the etcd cluster) did not answer.", nil, nil),
+		jeopardy: prometheus.NewDesc("leasefs_handle_leases_in_jeopardy",
+			"Handle leases held through this daemon past their local deadline without a confirmed keep-alive, within the grace period (docs/PROTOCOL.md §8a).", nil, nil),
+		jeopTotal: prometheus.NewDesc("leasefs_handle_lease_jeopardy_total",
+			"Handle leases that entered jeopardy (docs/PROTOCOL.md §8a).", nil, nil),
+		jeopSaved: prometheus.NewDesc("leasefs_handle_lease_jeopardy_saved_total",
+			"Handle leases that left jeopardy kept alive, not ended (docs/PROTOCOL.md §8a).", nil, nil),
 		previous: prometheus.NewDesc("leasefs_previous_daemon_handle_leases",
 			"Live handle leases locked through a previous daemon's mount whose open file a process still holds (docs/PROTOCOL.md §2).", nil, nil),
 		lagging: prometheus.NewDesc("leasefs_store_lagging_records",
@@ -54,6 +65,9 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	if _, ok := c.store.(leasecore.HealthReporter); ok {
 		ch <- c.reachable
 		ch <- c.unreachable
+		ch <- c.jeopardy
+		ch <- c.jeopTotal
+		ch <- c.jeopSaved
 	}
 	if _, ok := c.store.(leasecore.BacklogReporter); ok {
 		ch <- c.lagging
@@ -72,6 +86,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.reachable, prometheus.GaugeValue, up)
 		ch <- prometheus.MustNewConstMetric(c.unreachable, prometheus.CounterValue, float64(h.Failures))
+		ch <- prometheus.MustNewConstMetric(c.jeopardy, prometheus.GaugeValue, float64(h.InJeopardy))
+		ch <- prometheus.MustNewConstMetric(c.jeopTotal, prometheus.CounterValue, float64(h.JeopardyTotal))
+		ch <- prometheus.MustNewConstMetric(c.jeopSaved, prometheus.CounterValue, float64(h.JeopardySaved))
 	}
 	if br, ok := c.store.(leasecore.BacklogReporter); ok {
 		ch <- prometheus.MustNewConstMetric(c.lagging, prometheus.GaugeValue, float64(br.LaggingRecords()))
