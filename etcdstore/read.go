@@ -222,6 +222,12 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 	)
 	done()
 	if err != nil {
+		if l := s.ownHandleOf(resource); l != nil {
+			// A handle lease this store keeps alive, before its local end
+			// (in jeopardy, say): no other mount can hold the name yet, so
+			// the store's own view answers (docs/PROTOCOL.md §8a).
+			return nil, l, nil
+		}
 		return nil, nil, s.unreachable(ctx, "read", s.k.live(resource), err, false)
 	}
 	s.seeRev(resp.Header.Revision)
@@ -253,6 +259,28 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 }
 
 var _ leasecore.NameReader = (*Store)(nil)
+
+// ownHandleOf returns the live lease of resource when it is a handle lease
+// this store keeps alive and its local end is ahead; nil otherwise.
+func (s *Store) ownHandleOf(resource string) *leasecore.Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.live[resource]
+	if r == nil {
+		return nil
+	}
+	if d, ok := s.handleDeadline(r.l.ID); !ok || !time.Now().Before(d) {
+		return nil
+	}
+	if k := s.known[r.l.ID]; k != nil && k.lost {
+		return nil
+	}
+	l := s.snapshot(r, int64(s.waiting[resource]))
+	if !l.Live() {
+		return nil
+	}
+	return &l
+}
 
 // Load returns lease id in any status; see [leasecore.Store.Load]. A lease
 // this store knows live, or knows ended on its own, is answered from what

@@ -52,13 +52,13 @@ func StartCluster(t testing.TB, n int) []*Server {
 		if err != nil {
 			t.Fatalf("etcdtest: start member %s: %v", cfg.Name, err)
 		}
-		servers[i] = &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}
+		servers[i] = &Server{etcd: e, last: e, cfg: cfg, endpoint: e.Clients[0].Addr().String()}
 		t.Cleanup(servers[i].Stop)
 	}
 	deadline := time.After(30 * time.Second)
 	for _, s := range servers {
 		select {
-		case <-s.etcd.Server.ReadyNotify():
+		case <-s.member().Server.ReadyNotify():
 		case <-deadline:
 			t.Fatal("etcdtest: the cluster did not become ready within 30s")
 		}
@@ -91,12 +91,13 @@ func freePorts(t testing.TB, n int) []int {
 // IsLeader reports whether the member is the raft leader of its cluster
 // now; false once it is stopped.
 func (s *Server) IsLeader() bool {
+	e := s.member()
 	select {
-	case <-s.etcd.Server.StopNotify():
+	case <-e.Server.StopNotify():
 		return false
 	default:
 	}
-	return s.etcd.Server.Leader() == s.etcd.Server.MemberID()
+	return e.Server.Leader() == e.Server.MemberID()
 }
 
 // Endpoints returns the client addresses of servers joined by commas, as
@@ -122,7 +123,8 @@ func MoveLeader(t testing.TB, servers []*Server) {
 		next := servers[(i+1)%len(servers)]
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := s.etcd.Server.MoveLeader(ctx, uint64(s.etcd.Server.MemberID()), uint64(next.etcd.Server.MemberID())); err != nil {
+		from, to := s.member().Server, next.member().Server
+		if err := from.MoveLeader(ctx, uint64(from.MemberID()), uint64(to.MemberID())); err != nil {
 			t.Fatalf("move the leader from m%d to m%d: %v", i, (i+1)%len(servers), err)
 		}
 		return

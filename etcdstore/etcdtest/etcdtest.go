@@ -19,8 +19,10 @@ import (
 // Server is one embedded etcd member. Its methods are safe for concurrent
 // use.
 type Server struct {
-	stop     sync.Once
-	etcd     *embed.Etcd
+	mu       sync.Mutex
+	etcd     *embed.Etcd // the running member; nil once stopped
+	last     *embed.Etcd // the member last started
+	cfg      *embed.Config
 	endpoint string
 }
 
@@ -84,21 +86,73 @@ func launch(dir string, tlsFiles *TLSFiles) (*Server, error) {
 		e.Close()
 		return nil, errors.New("etcd did not become ready within 30s")
 	}
-	return &Server{etcd: e, endpoint: e.Clients[0].Addr().String()}, nil
+	return &Server{etcd: e, last: e, cfg: cfg, endpoint: e.Clients[0].Addr().String()}, nil
 }
 
 // Endpoint returns the client address, "127.0.0.1:PORT".
 func (s *Server) Endpoint() string { return s.endpoint }
 
 // Stop stops the server; a second call is a no-op. Clients then see the
-// cluster unreachable.
-func (s *Server) Stop() { s.stop.Do(s.etcd.Close) }
+// cluster unreachable. A leader of a cluster hands its leadership over
+// first, as etcd does on SIGTERM.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		s.etcd.Close()
+		s.etcd = nil
+	}
+}
+
+// Kill stops the member as a crash (SIGKILL) would for the rest of its
+// cluster: its raft node stops at once, with no leadership transfer, so
+// that the others elect a leader only after their election timeout; then
+// its listeners close. A second call, or one after Stop, is a no-op.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		s.etcd.Server.HardStop()
+		s.etcd.Close()
+		s.etcd = nil
+	}
+}
+
+// Restart starts a stopped or killed member again on its data directory
+// and addresses, and waits until it serves (at most 30 s). It fails t when
+// it cannot start; it is a no-op while the member runs.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.etcd != nil {
+		return
+	}
+	e, err := embed.StartEtcd(s.cfg)
+	if err != nil {
+		t.Fatalf("etcdtest: restart member %s: %v", s.cfg.Name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		t.Fatalf("etcdtest: member %s did not serve within 30s of its restart", s.cfg.Name)
+	}
+	s.etcd, s.last = e, e
+}
+
+// member returns the member last started (running or stopped).
+func (s *Server) member() *embed.Etcd {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
 
 // CommittedIndex returns the member's raft commit index: with nothing else
 // writing, the number of proposals (writes, lease grants and revokes) the
 // cluster has committed so far, so that a test can count what one
 // operation cost it.
-func (s *Server) CommittedIndex() uint64 { return s.etcd.Server.CommittedIndex() }
+func (s *Server) CommittedIndex() uint64 { return s.member().Server.CommittedIndex() }
 
 // LeasesExpired returns how many etcd leases the members of this process
 // have revoked because their TTL ran out, from etcd's own counter
