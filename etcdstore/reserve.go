@@ -118,6 +118,11 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 				s.forgetLease(lid)
 				continue
 			}
+			// The outcome is unknown: the reservation may have committed,
+			// and nobody would hold it (a handle lease on the daemon's
+			// session would never expire). Once the cluster answers, end
+			// it if it is there (docs/PROTOCOL.md §8a, "Elections").
+			s.removeLater(l)
 			return leasecore.Grant{}, s.unreachable(ctx, "reserve", s.k.live(d.Resource), err, true)
 		}
 		s.seeRev(tresp.Header.Revision)

@@ -333,8 +333,8 @@ func TestEtcdClusterLeaderLoss(t *testing.T) {
 // pyStaleHolder takes the flock of $P, logs its start to $LOG, prints
 // out("held") and then reads the status document through its descriptor
 // every 20 ms until a read fails with ESTALE: it then logs its end and
-// prints out("stale_at"). Other errors (EIO while the cluster is away) are
-// counted and it keeps reading.
+// prints out("stale_at") and out("longest_read"), in seconds. Other errors
+// (EIO while the cluster is away) are counted and it keeps reading.
 const pyStaleHolder = `
 import fcntl, time
 name, pid = os.path.basename(os.environ["P"]), os.getpid()
@@ -343,9 +343,11 @@ fd = os.open(os.environ["P"], os.O_CREAT | os.O_RDWR, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 os.write(log, ("start %s %d %.6f\n" % (name, pid, time.time())).encode())
 out("held", 1)
-other = {}
+other, longest = {}, 0.0
 while True:
+    t0 = time.time()
     e = err(os.pread, fd, 4096, 0)
+    longest = max(longest, time.time() - t0)
     if e == "ESTALE":
         break
     if e != "ok":
@@ -355,6 +357,7 @@ now = time.time()
 os.write(log, ("end %s %d %.6f\n" % (name, pid, now)).encode())
 out("stale_at", "%.6f" % now)
 out("other_errors", json.dumps(other))
+out("longest_read", "%.3f" % longest)
 `
 
 // pyTaker blocks in flock on $P, logs start and end of a short critical
@@ -375,18 +378,19 @@ fcntl.flock(fd, fcntl.LOCK_UN)
 `
 
 // TestEtcdCutOffHolder cuts daemon A off the cluster while it holds three
-// handle leases wanted by blocked waiters on B. A's leases end within the
-// lease duration plus a bounded margin, their descriptors answer ESTALE,
-// B's waiters then get the names, and the log shows no two holders of a
-// name at any moment.
+// handle leases wanted by blocked waiters on B. A's leases are in jeopardy
+// for the grace period (their holders' reads wait), then end within the
+// lease duration + the grace period + a bounded margin; their descriptors
+// answer ESTALE, B's waiters get the names only after that, and the log
+// shows no two holders of a name at any moment (docs/PROTOCOL.md §8a).
 func TestEtcdCutOffHolder(t *testing.T) {
 	requireFUSE(t)
-	const ttl = 2 * time.Second
+	const ttl, grace = 2 * time.Second, 2 * time.Second
 	const margin = 4 * time.Second
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
 	prefix := "/leasefs-cut"
-	a := startDaemon(t, daemonOpts{leaseDuration: ttl, extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + prefix}})
+	a := startDaemon(t, daemonOpts{leaseDuration: ttl, extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + prefix, "--etcd-grace", grace.String()}})
 	b := startDaemon(t, daemonOpts{leaseDuration: ttl, extraArgs: []string{"--store", "etcd://" + srv.Endpoint() + prefix}})
 	log := filepath.Join(t.TempDir(), "log")
 	names := []string{"c1", "c2", "c3"}
@@ -402,15 +406,19 @@ func TestEtcdCutOffHolder(t *testing.T) {
 	cut := time.Now()
 	proxy.Cut()
 	for i, n := range names {
-		stale := unixTime(t, holders[i].expectKey("stale_at", ttl+margin+5*time.Second)).Sub(cut)
-		granted := unixTime(t, takers[i].expectKey("granted_at", ttl+margin+5*time.Second)).Sub(cut)
-		t.Logf("%s: the holder on A read ESTALE %v after the cut (other errors %s), the waiter on B was granted %v after it",
-			n, stale.Round(time.Millisecond), holders[i].kv()["other_errors"], granted.Round(time.Millisecond))
+		stale := unixTime(t, holders[i].expectKey("stale_at", ttl+grace+margin+5*time.Second)).Sub(cut)
+		granted := unixTime(t, takers[i].expectKey("granted_at", ttl+grace+margin+5*time.Second)).Sub(cut)
+		kv := holders[i].kv()
+		t.Logf("%s: the holder on A read ESTALE %v after the cut (longest read %s s, other errors %s), the waiter on B was granted %v after the cut",
+			n, stale.Round(time.Millisecond), kv["longest_read"], kv["other_errors"], granted.Round(time.Millisecond))
 		if stale >= granted {
 			t.Errorf("%s: the cut-off holder read ESTALE %v after the cut, not before the waiter on B was granted (%v)", n, stale, granted)
 		}
-		if stale > ttl+margin {
-			t.Errorf("%s: the cut-off holder's lease ended %v after the cut, want at most %v + %v", n, stale, ttl, margin)
+		if stale > ttl+grace+margin || stale < grace {
+			t.Errorf("%s: the cut-off holder's lease ended %v after the cut, want after the grace period (%v) and at most %v + %v + %v", n, stale, grace, ttl, grace, margin)
+		}
+		if longest, _ := strconv.ParseFloat(kv["longest_read"], 64); longest < grace.Seconds()/2 {
+			t.Errorf("%s: the holder's longest read took %s s; want it to wait through the jeopardy (about %v)", n, kv["longest_read"], grace)
 		}
 	}
 	for _, k := range takers {

@@ -22,6 +22,15 @@ import (
 // leader within about a second of the leader's [Server.Stop].
 func StartCluster(t testing.TB, n int) []*Server {
 	t.Helper()
+	return StartClusterElection(t, n, 500*time.Millisecond)
+}
+
+// StartClusterElection is [StartCluster] with an election timeout of
+// election (heartbeats every tenth of it): etcd's defaults are 1 s and
+// 100 ms. A follower starts an election between election and twice
+// election after it last heard from the leader.
+func StartClusterElection(t testing.TB, n int, election time.Duration) []*Server {
+	t.Helper()
 	// The initial cluster names every peer URL before any member starts,
 	// so the ports are chosen first: free ports the kernel gives and that
 	// are closed again at once (another process could take one meanwhile;
@@ -40,7 +49,8 @@ func StartCluster(t testing.TB, n int) []*Server {
 		peer := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", ports[2*i+1])}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-		cfg.TickMs, cfg.ElectionMs = 50, 500
+		cfg.ElectionMs = uint(election / time.Millisecond)
+		cfg.TickMs = max(cfg.ElectionMs/10, 1)
 		cfg.InitialClusterToken = "etcdtest"
 		initial = append(initial, cfg.Name+"="+peer.String())
 		cfgs[i] = cfg
