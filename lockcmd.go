@@ -277,6 +277,19 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	// Signals reach the command while a check below waits: a read of a
+	// handle lease in jeopardy waits for the cluster (docs/PROTOCOL.md
+	// §8a, "Elections and jeopardy"), and is not a lost lease.
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				_ = cmd.Process.Signal(s)
+			case <-exited:
+				return
+			}
+		}
+	}()
 	// lost stops the command's tree once the lease is found lost (err),
 	// while it ran or as it ended, and returns exitLost.
 	lost := func(err error) int {
@@ -343,8 +356,6 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 				}
 				time.Sleep(lockCheckEvery)
 			}
-		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
 		case <-check.C:
 			reapOrphans(cmd.Process.Pid)
 			if err := poll(); err != nil {

@@ -266,8 +266,9 @@ func awaitJeopardy(t *testing.T, d *daemon, n int) {
 // jeopardy the holder's read waits, and answers as if nothing happened
 // once the cluster is back; a read interrupted by a signal answers EINTR;
 // everyone else is answered at once (another process's flock -n through
-// the other mount is refused: the lease still exists); leasefs status and
-// the metrics count the lease in jeopardy, then saved.
+// the other mount is refused: the lease still exists); leasefs lock does
+// not count jeopardy as a lost lease; leasefs status and the metrics count
+// the leases in jeopardy, then saved.
 func TestEtcdJeopardyCallsWait(t *testing.T) {
 	requireFUSE(t)
 	srv := etcdtest.Start(t)
@@ -278,6 +279,15 @@ func TestEtcdJeopardyCallsWait(t *testing.T) {
 	b := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second, extraArgs: []string{"--store", "etcd://" + srv.Endpoint() + prefix}})
 	h := startPy(t, pyJeopardyHolder, "P="+filepath.Join(a.mountpoint, "j"))
 	h.expectKey("held", holdTimeout)
+	// leasefs lock, whose checks read through its descriptor, rides out
+	// both cuts: its command is not stopped and it exits with its status.
+	done := filepath.Join(t.TempDir(), "done")
+	lock := startProc(t, nil, leasefsBin, "lock", "--mount", a.mountpoint, "jl", "--",
+		"sh", "-c", `while [ ! -e "$1" ]; do sleep 0.1; done`, "sh", done)
+	eventually(t, holdTimeout, "leasefs lock holds jl", func() (bool, string) {
+		r := runClient(t, nil, "getfattr", "--only-values", "-n", "user.lease.mode", filepath.Join(a.mountpoint, "jl"))
+		return r.code == 0 && r.stdout == "handle", r.String()
+	})
 
 	proxy.Cut()
 	awaitJeopardy(t, a, 1)
@@ -295,8 +305,8 @@ func TestEtcdJeopardyCallsWait(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("leasefs status --json: %v: %s", err, r)
 	}
-	if st["handle_leases_in_jeopardy"] != 1.0 {
-		t.Errorf("leasefs status --json during jeopardy = %v, want handle_leases_in_jeopardy 1", st)
+	if st["handle_leases_in_jeopardy"] != 2.0 {
+		t.Errorf("leasefs status --json during jeopardy = %v, want handle_leases_in_jeopardy 2", st)
 	}
 	// The holder's read waits until the cluster answers.
 	h.send("read in_jeopardy")
@@ -321,8 +331,8 @@ func TestEtcdJeopardyCallsWait(t *testing.T) {
 		return strings.Count(a.stderr(), "handle leases kept alive through jeopardy") >= 2, tail(a.stderr(), 2000)
 	})
 	m, _ := scrapeMetrics(t, a.metricsURL(t))
-	if m["leasefs_handle_lease_jeopardy_total"] != 2 || m["leasefs_handle_lease_jeopardy_saved_total"] != 2 || m["leasefs_handle_leases_in_jeopardy"] != 0 {
-		t.Errorf("jeopardy metrics = total %v, saved %v, now %v; want 2, 2, 0", m["leasefs_handle_lease_jeopardy_total"],
+	if m["leasefs_handle_lease_jeopardy_total"] != 4 || m["leasefs_handle_lease_jeopardy_saved_total"] != 4 || m["leasefs_handle_leases_in_jeopardy"] != 0 {
+		t.Errorf("jeopardy metrics = total %v, saved %v, now %v; want 4, 4, 0 (two leases, two cuts)", m["leasefs_handle_lease_jeopardy_total"],
 			m["leasefs_handle_lease_jeopardy_saved_total"], m["leasefs_handle_leases_in_jeopardy"])
 	}
 	r = runClient(t, nil, leasefsBin, "status", "--state", a.state)
@@ -331,6 +341,12 @@ func TestEtcdJeopardyCallsWait(t *testing.T) {
 	}
 	if strings.Contains(a.stderr(), "lease ended") {
 		t.Errorf("the cut-off daemon ended a lease:\n%s", tail(a.stderr(), 3000))
+	}
+	if err := os.WriteFile(done, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := lock.wait(30 * time.Second); r.code != 0 || strings.Contains(r.stderr, "lost") {
+		t.Errorf("leasefs lock across two jeopardies: %s; want exit 0 with its command's status", r)
 	}
 	h.send("read after")
 	if got := h.expectKey("after", 10*time.Second); got != "ok" {
