@@ -214,11 +214,12 @@ func (s *Store) checkJeopardy(now time.Time) {
 }
 
 // jeopardyLocked puts the handle session in jeopardy when now is past its
-// local deadline and before its end, with every handle lease on it, and
+// local deadline and before its end and it keeps handle leases, with every
+// handle lease on it, and
 // reports how many and whether it entered jeopardy now. The caller holds
 // mu and logs the entry ([Store.warnJeopardy]) after releasing it.
 func (s *Store) jeopardyLocked(now time.Time) (int, bool) {
-	if s.hs.id == 0 || s.hs.jeopardy != nil || now.Before(s.hs.kept) || !now.Before(s.hs.deadline) {
+	if s.hs.id == 0 || s.hs.jeopardy != nil || len(s.handles) == 0 || now.Before(s.hs.kept) || !now.Before(s.hs.deadline) {
 		return 0, false
 	}
 	s.hs.jeopardy, s.hs.jeopardySince = make(chan struct{}), now
