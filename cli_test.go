@@ -161,6 +161,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"mount", "--bogus", "x"}, []string{"--bogus", "Run 'leasefs mount --help' for usage."}},
 		{[]string{"mount", "--metrics-addr", "9623", "x"}, []string{"--metrics-addr", "HOST:PORT", "Run 'leasefs mount --help' for usage."}},
 		{[]string{"mount", "--pprof", "x"}, []string{"--pprof needs --metrics-addr", "Run 'leasefs mount --help' for usage."}},
+		{[]string{"mount", "--etcd-grace", "5s", "x"}, []string{"--etcd-grace needs an etcd:// --store"}},
+		{[]string{"mount", "--store", "etcd://127.0.0.1:2379/p", "--etcd-grace", "-1s", "x"}, []string{"--etcd-grace -1s: must be 0 (no grace period) or positive"}},
 		{[]string{"ls", "extra"}, []string{"extra", "Run 'leasefs ls --help' for usage."}},
 		{[]string{"history", "a", "b"}, []string{"Run 'leasefs history --help' for usage."}},
 		{[]string{"frobnicate"}, []string{`unknown command "frobnicate"`, "Run 'leasefs --help' for usage."}},
