@@ -13,8 +13,8 @@ import (
 // no store call can turn an interrupt into an errno. SetLkw, promoted from
 // the node tree, keeps the real one. GETATTR, READ, WRITE, GETXATTR and
 // SETLK, which may wait for a handle lease in jeopardy, get a key that
-// never closes either, under which jeopardy.go finds the real one. The store calls keep their own bounds
-// (docs/PROTOCOL.md §8a).
+// never closes either, under which jeopardy.go finds the real one. The
+// store calls keep their own bounds (docs/PROTOCOL.md §8a).
 
 func (r *rawFS) Lookup(_ <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	return r.RawFileSystem.Lookup(nil, header, name, out)
