@@ -223,32 +223,35 @@ type targetFlags struct {
 
 // add registers the flags on f.
 func (tf *targetFlags) add(f *pflag.FlagSet) {
-	f.StringVar(&tf.state, "state", "", "state directory of the lease store (default: the daemon found, see below)")
+	f.StringVar(&tf.state, "state", "", "state directory of the lease store (default: found as described above)")
 	f.StringVar(&tf.mount, "mount", "", "read the store of the daemon serving this leasefs mount")
 	tf.sf.add(f)
+	// The store defaults to the one the daemon's lock records
+	// ([targetFlags.resolve]).
+	store := f.Lookup("store")
+	store.DefValue = ""
+	store.Usage = "where leases live: file or etcd://HOST:PORT[,HOST:PORT...]/PREFIX (default: the store the daemon's lock records, else file)"
 }
 
 // resolve chooses the target ([pickTarget]) and, unless --store was
 // given, the store its daemon's lock records (the file store when none
-// serves it). With --store and no --state, --mount or $LEASEFS_STATE, the
-// state directory only gives the daemon identity of an etcd store
-// ([openForReading]): that of a daemon up serving that store, else the
-// default one, so that several mounts up are no error.
+// serves it). With an etcd --store and no --state, --mount or
+// $LEASEFS_STATE, the state directory only gives the daemon identity of
+// the store ([openForReading]): that of a daemon up serving that store,
+// else the default one, so that several mounts up are no error.
 func (tf *targetFlags) resolve(cmd *cobra.Command) (daemonTarget, error) {
 	mounts := mount.Mounts()
-	if cmd.Flags().Changed("store") {
-		if tf.state == "" && tf.mount == "" && os.Getenv("LEASEFS_STATE") == "" {
-			for _, u := range upMounts(mounts) {
-				if u.holder.Store == tf.sf.store {
-					return describe(u.state, fromMountUp)
-				}
+	named := cmd.Flags().Changed("store")
+	if named && tf.sf.store != "file" && tf.state == "" && tf.mount == "" && os.Getenv("LEASEFS_STATE") == "" {
+		for _, u := range upMounts(mounts) {
+			if u.holder.Store == tf.sf.store {
+				return describe(u.state, fromMountUp)
 			}
-			return describe(mount.DefaultStateDir(), fromDefault)
 		}
-		return pickTarget(tf.state, tf.mount, mounts)
+		return describe(mount.DefaultStateDir(), fromDefault)
 	}
 	t, err := pickTarget(tf.state, tf.mount, mounts)
-	if err != nil {
+	if err != nil || named {
 		return t, err
 	}
 	tf.sf.store = "file"
