@@ -71,12 +71,9 @@ whether it answers.
   leasefs status >/dev/null || leasefs mount /mnt/leases &`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			t, err := pickTarget(tf.state, tf.mount, mount.Mounts())
+			t, err := tf.resolve(cmd)
 			if err != nil {
 				return err
-			}
-			if !cmd.Flags().Changed("store") {
-				tf.sf.store = "" // the daemon's lock says which store it serves
 			}
 			st, err := readDaemonStatus(cmd, t.State, &tf.sf)
 			if err != nil {

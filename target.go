@@ -7,11 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
-	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 )
 
 // leasefsFSType is the filesystem type of leasefs mounts in
