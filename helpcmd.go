@@ -25,8 +25,8 @@ const rootLong = `leasefs mounts exclusive writer leases as files. In a mount m:
 Protocol reference: docs/PROTOCOL.md. Start with "leasefs mount --help".`
 
 // completeLeaseNames completes a lease name for "leasefs lock": the files
-// and namespaces under the mount (--mount, $LEASEFS_MOUNT or the default
-// daemon's), with namespaces ending in "/" so that completion goes on.
+// and namespaces under the mount [lockMount] finds, with namespaces ending
+// in "/" so that completion goes on.
 func completeLeaseNames(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 	if len(args) > 0 {
 		return nil, cobra.ShellCompDirectiveDefault // CMD after NAME: files and commands

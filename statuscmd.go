@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -52,28 +51,31 @@ type daemonStatus struct {
 var errNotServed = exitCode(exitError)
 
 func newStatusCmd(stdout io.Writer) *cobra.Command {
-	var state string
+	var tf targetFlags
 	var asJSON bool
-	var sf storeFlags
 	cmd := &cobra.Command{
-		Use:   "status [--state DIR] [--store etcd://…] [--json]",
+		Use:   "status [--state DIR | --mount DIR] [--store etcd://…] [--json]",
 		Short: "Tell whether a daemon serves the store, and what it holds",
 		Long: `Report whether a leasefs daemon serves the state directory: its pid,
 host, mountpoint and start time, the store, the live leases by mode, the
 blocked flock waiters and the oldest heartbeat of a token lease. Exit 0
 when a daemon serves it, 1 when none does (the report is printed either
 way). Reads the store under its lock; works with or without a daemon.
-For a daemon serving an etcd store (recorded with its lock, or given
-with --store), it reads the cluster and reports whether it answers.`,
+For a daemon serving an etcd store, it reads the cluster and reports
+whether it answers.
+
+` + targetHelp,
 		Example: `  leasefs status
+  leasefs status --mount /mnt/leases
   leasefs status --state /srv/leases --json
   leasefs status >/dev/null || leasefs mount /mnt/leases &`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !cmd.Flags().Changed("store") {
-				sf.store = "" // the daemon's lock says which store it serves
+			t, err := tf.resolve(cmd)
+			if err != nil {
+				return err
 			}
-			st, err := readDaemonStatus(cmd, state, &sf)
+			st, err := readDaemonStatus(cmd, t.State, &tf.sf)
 			if err != nil {
 				return err
 			}
@@ -92,9 +94,8 @@ with --store), it reads the cluster and reports whether it answers.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&state, "state", mount.DefaultStateDir(), "state directory of the lease store")
+	tf.add(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	sf.add(cmd.Flags())
 	return cmd
 }
 
@@ -205,23 +206,4 @@ func printStatus(w io.Writer, st daemonStatus) {
 	if st.OldestHeartbeat != nil {
 		fmt.Fprintf(w, "oldest heartbeat: %s (%s ago)\n", st.OldestHeartbeat.Format(time.RFC3339), age(time.Since(*st.OldestHeartbeat)))
 	}
-}
-
-// lockMount returns the mount "leasefs lock" works in: flag, else
-// $LEASEFS_MOUNT, else the mountpoint of the daemon serving the default
-// state directory.
-func lockMount(flag string) (string, error) {
-	if flag != "" {
-		return flag, nil
-	}
-	if m := os.Getenv("LEASEFS_MOUNT"); m != "" {
-		return m, nil
-	}
-	lockPath := filepath.Join(mount.DefaultStateDir(), mount.DaemonLockName)
-	if held, ok := daemonlock.Held(lockPath); ok && held {
-		if h, ok := daemonlock.ReadHolder(lockPath); ok && h.Mountpoint != "" {
-			return h.Mountpoint, nil
-		}
-	}
-	return "", usageError{errors.New("cannot find the leasefs mount; pass --mount DIR, or set LEASEFS_MOUNT, or LEASEFS_STATE to the state directory its daemon serves (no daemon serves " + mount.DefaultStateDir() + ")")}
 }

@@ -17,7 +17,9 @@ import (
 
 // Options configure [New]. The zero value works.
 type Options struct {
-	// Logger receives one line per refused operation; default slog.Default().
+	// Logger receives the log lines of refused operations
+	// (docs/PROTOCOL.md §8b: conflicts at DEBUG, misuse rate-limited per
+	// uid); default slog.Default().
 	Logger *slog.Logger
 	// RootUID and RootGID own the root directory; default the daemon's.
 	RootUID, RootGID uint32
@@ -102,7 +104,7 @@ func New(store leasecore.Store, opts Options) *FS {
 		opts.RootUID, opts.RootGID = uint32(os.Getuid()), uint32(os.Getgid())
 	}
 	f := &FS{
-		refusalLog: refusalLog{log: opts.Logger, onRefuse: opts.OnRefuse},
+		refusalLog: newRefusalLog(opts.Logger, opts.OnRefuse),
 		store:      store,
 		log:        opts.Logger,
 		opts:       opts,

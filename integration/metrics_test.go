@@ -137,10 +137,10 @@ rm "$M/a"`, "M="+d.mountpoint)
 	}
 	waiter := startProc(t, nil, "flock", q, "-c", "echo got")
 	waitMetrics(t, url, "while the waiter waits", map[string]float64{
-		"leasefs_lock_waiters":                              1,
-		`leasefs_live_leases{mode="handle"}`:                1,
-		`leasefs_refusals_total{errno="EAGAIN",op="flock"}`: 1,
-		"leasefs_lock_wait_seconds_count":                   0,
+		"leasefs_lock_waiters":                               1,
+		`leasefs_live_leases{mode="handle"}`:                 1,
+		`leasefs_conflicts_total{errno="EAGAIN",op="flock"}`: 1,
+		"leasefs_lock_wait_seconds_count":                    0,
 	})
 	holder.killGroup()
 	holder.wait(10 * time.Second)
@@ -190,13 +190,13 @@ EOF`, "P="+filepath.Join(d.mountpoint, "w"), "S="+strconv.Itoa(sleeper.pid))
 
 	var refusals []string
 	for series := range got {
-		if strings.HasPrefix(series, "leasefs_refusals_total{") {
+		if strings.HasPrefix(series, "leasefs_refusals_total{") || strings.HasPrefix(series, "leasefs_conflicts_total{") {
 			refusals = append(refusals, series)
 		}
 	}
 	slices.Sort(refusals)
-	if want := []string{`leasefs_refusals_total{errno="EACCES",op="write"}`, `leasefs_refusals_total{errno="EAGAIN",op="flock"}`}; !slices.Equal(refusals, want) {
-		t.Errorf("refusal series %q, want exactly %q", refusals, want)
+	if want := []string{`leasefs_conflicts_total{errno="EAGAIN",op="flock"}`, `leasefs_refusals_total{errno="EACCES",op="write"}`}; !slices.Equal(refusals, want) {
+		t.Errorf("refusal and conflict series %q, want exactly %q", refusals, want)
 	}
 	for _, series := range []string{"go_goroutines", "process_cpu_seconds_total", "process_open_fds"} {
 		if _, ok := got[series]; !ok {

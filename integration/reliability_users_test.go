@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/refusal"
 )
 
 // Other users: with --allow-other, uid 65534 (nobody) attacks root's leases
@@ -579,6 +581,7 @@ func testBruteForce(t *testing.T, tl *outcomeTally, figures map[string]string) {
 	idle50, idle99 := measure("idle")
 
 	stop := filepath.Join(t.TempDir(), "stop")
+	bruteStart := time.Now()
 	brute := startProc(t, []string{"P=" + p, "STOP=" + stop, "MIN=" + strconv.Itoa(minGuesses)}, nobodyArgv(t, pyBruteForcer)...)
 	brute.expectKey("started", holdTimeout)
 	brute50, brute99 := measure("brute")
@@ -587,6 +590,7 @@ func testBruteForce(t *testing.T, tl *outcomeTally, figures map[string]string) {
 		t.Fatal(err)
 	}
 	brute.wait(2 * time.Minute)
+	bruteTime := time.Since(bruteStart)
 	bkv := brute.kv()
 	tried, _ := strconv.Atoi(bkv["tried"])
 	tl.add("tried", tried)
@@ -620,9 +624,15 @@ func testBruteForce(t *testing.T, tl *outcomeTally, figures map[string]string) {
 	if strings.Contains(d.stderr(), token) {
 		tl.violation(t, "the daemon logged the holder's token")
 	}
+	// Every guess is counted; the log lines are limited per uid (docs/PROTOCOL.md §8b): at
+	// most the burst and one a second, however fast the guesses come.
+	samples, _ := scrapeMetrics(t, d.metricsURL(t))
+	if n := samples[`leasefs_refusals_total{errno="EACCES",op="write"}`]; n < float64(tried) {
+		t.Errorf("leasefs_refusals_total counts %v refused writes for %d wrong guesses", n, tried)
+	}
 	logged := len(regexp.MustCompile(`msg=refused op=write resource=bf .*errno=EACCES`).FindAllString(d.stderr(), -1))
-	if logged < tried {
-		t.Errorf("the daemon logged %d refused writes on bf for %d wrong guesses", logged, tried)
+	if most := refusal.DefaultBurst + int(bruteTime.Seconds()*refusal.DefaultPerSecond) + 1; logged < 1 || logged > most {
+		t.Errorf("the daemon logged %d refused writes on bf for %d wrong guesses in %v, want 1 to %d", logged, tried, bruteTime, most)
 	}
 
 	ms := func(a, b float64) string { return fmt.Sprintf("%.2f ms / %.2f ms", a, b) }

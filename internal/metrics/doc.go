@@ -15,9 +15,13 @@
 //   - leasefs_leases_ended_total{reason="released"|"expired"} (counter):
 //     leases ended by their holder (or on its behalf: an unlink, a lock
 //     released, an open file closed, a handover) or by a liveness rule.
-//   - leasefs_refusals_total{op,errno} (counter): refused operations, by the
-//     operation as the daemon's "refused" log line names it and the errno
-//     the caller got.
+//   - leasefs_refusals_total{op,errno} (counter): operations refused for
+//     misuse or a failure of the store, by the operation as the daemon's
+//     "refused" log line names it and the errno the caller got.
+//   - leasefs_conflicts_total{op,errno} (counter): operations that found
+//     the name held, the expected outcome of contention
+//     (internal/refusal.Conflict: EAGAIN, EEXIST, EINTR), by operation and
+//     errno; the daemon logs them at DEBUG only.
 //   - leasefs_lock_wait_seconds (histogram): how long a blocking lock waited
 //     before it was granted a lease.
 //   - leasefs_store_commit_duration_seconds (histogram): how long a durable
@@ -37,7 +41,7 @@
 // Neither leasecore nor fusefs imports Prometheus. The lease counters come
 // from the store's change feed ([Registry.Follow]); the gauges from
 // [leasecore.Store.List], [leasecore.HealthReporter] and
-// [leasecore.BacklogReporter] at scrape time; refusals, lock waits and store
+// [leasecore.BacklogReporter] at scrape time; refusals and conflicts, lock waits and store
 // commits from plain hook functions: [Registry.Refused] for
 // fusefs.Options.OnRefuse, [Registry.LockGranted] for
 // fusefs.Options.OnHandoff, [Registry.Committed] for

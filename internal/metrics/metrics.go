@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/refusal"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -54,13 +55,14 @@ type Registry struct {
 	reg *prometheus.Registry
 	log *slog.Logger
 
-	reserved prometheus.Counter
-	renewed  prometheus.Counter
-	released prometheus.Counter
-	expired  prometheus.Counter
-	refusals *prometheus.CounterVec
-	lockWait prometheus.Histogram
-	commit   prometheus.Histogram
+	reserved  prometheus.Counter
+	renewed   prometheus.Counter
+	released  prometheus.Counter
+	expired   prometheus.Counter
+	refusals  *prometheus.CounterVec
+	conflicts *prometheus.CounterVec
+	lockWait  prometheus.Histogram
+	commit    prometheus.Histogram
 
 	following atomic.Bool
 }
@@ -90,7 +92,11 @@ func New(opts Options) *Registry {
 		expired:  ended.WithLabelValues(reasonExpired),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leasefs_refusals_total",
-			Help: "Operations refused by the daemon, by operation and errno.",
+			Help: "Operations refused by the daemon for misuse or a failure of the store, by operation and errno; conflicts are leasefs_conflicts_total.",
+		}, []string{"op", "errno"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leasefs_conflicts_total",
+			Help: "Operations that found the name held (EAGAIN of a try-lock or during a handover, EEXIST of an O_EXCL create or mkdir, EINTR of an interrupted wait), by operation and errno.",
 		}, []string{"op", "errno"}),
 		lockWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "leasefs_lock_wait_seconds",
@@ -106,7 +112,7 @@ func New(opts Options) *Registry {
 	r.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		r.reserved, r.renewed, ended, r.refusals, r.lockWait, r.commit,
+		r.reserved, r.renewed, ended, r.refusals, r.conflicts, r.lockWait, r.commit,
 	)
 	return r
 }
@@ -153,10 +159,15 @@ func (r *Registry) follow(events <-chan leasecore.Event) {
 }
 
 // Refused counts one refusal of op with errno, labelled by errno's
-// symbolic name ("EEXIST"). It has the signature of
-// fusefs.Options.OnRefuse.
+// symbolic name ("EACCES"): in leasefs_conflicts_total when it is a
+// conflict ([refusal.Classify]), else in leasefs_refusals_total. It has
+// the signature of fusefs.Options.OnRefuse.
 func (r *Registry) Refused(op string, errno syscall.Errno) {
-	r.refusals.WithLabelValues(op, errnoName(errno)).Inc()
+	c := r.refusals
+	if refusal.Classify(errno) == refusal.Conflict {
+		c = r.conflicts
+	}
+	c.WithLabelValues(op, errnoName(errno)).Inc()
 }
 
 // LockGranted records how long a blocking lock waited before it was

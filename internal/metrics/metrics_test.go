@@ -204,21 +204,36 @@ func TestLockWaiters(t *testing.T) {
 	})
 }
 
-// Refusals are counted by operation and errno name; EWOULDBLOCK is EAGAIN.
+// Refusals are counted by operation and errno name, conflicts apart from
+// misuse and failures; EWOULDBLOCK is EAGAIN.
 func TestRefusals(t *testing.T) {
 	reg := New(Options{Logger: quiet})
 	reg.Refused("create", syscall.EEXIST)
 	reg.Refused("create", syscall.EEXIST)
 	reg.Refused("flock", syscall.EWOULDBLOCK)
+	reg.Refused("flock", syscall.EINTR)
+	reg.Refused("write", syscall.EACCES)
+	reg.Refused("create", syscall.ENOSPC)
 	reg.Refused("write", syscall.Errno(4095))
 	got, body := scrape(t, reg.Handler())
-	for series, want := range map[string]float64{
-		`leasefs_refusals_total{errno="EEXIST",op="create"}`:    2,
-		`leasefs_refusals_total{errno="EAGAIN",op="flock"}`:     1,
+	want := map[string]float64{
+		`leasefs_conflicts_total{errno="EEXIST",op="create"}`:   2,
+		`leasefs_conflicts_total{errno="EAGAIN",op="flock"}`:    1,
+		`leasefs_conflicts_total{errno="EINTR",op="flock"}`:     1,
+		`leasefs_refusals_total{errno="EACCES",op="write"}`:     1,
+		`leasefs_refusals_total{errno="ENOSPC",op="create"}`:    1,
 		`leasefs_refusals_total{errno="errno 4095",op="write"}`: 1,
-	} {
-		if got[series] != want {
-			t.Errorf("%s = %v, want %v", series, got[series], want)
+	}
+	for series, v := range got {
+		if strings.HasPrefix(series, "leasefs_conflicts_total{") || strings.HasPrefix(series, "leasefs_refusals_total{") {
+			if _, ok := want[series]; !ok {
+				t.Errorf("unexpected series %s = %v", series, v)
+			}
+		}
+	}
+	for series, v := range want {
+		if got[series] != v {
+			t.Errorf("%s = %v, want %v", series, got[series], v)
 		}
 	}
 	for _, family := range []string{"go_goroutines", "process_cpu_seconds_total"} {
