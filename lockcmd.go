@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -92,7 +93,7 @@ type lockOptions struct {
 func newLockCmd(stdout, stderr io.Writer) *cobra.Command {
 	var o lockOptions
 	cmd := &cobra.Command{
-		Use:   "lock [-n | -w DURATION] [-E CODE] [--grace DURATION] [--reconnect-timeout DURATION] [--mount DIR] NAME -- CMD [ARG...]",
+		Use:   "lock [-n | -w DURATION] [-E CODE] [--grace DURATION] [--reconnect-timeout DURATION] [--mount DIR] NAME [--] CMD [ARG...]",
 		Short: "Run a command while holding a handle lease on NAME (like flock(1))",
 		Long: `Run CMD while holding a handle lease on NAME, the lease file NAME under
 the mount: the lease lives exactly as long as CMD, and ends even if CMD is
@@ -100,7 +101,10 @@ killed. CMD gets LEASEFS_RESOURCE, LEASEFS_LEASE_ID and LEASEFS_GENERATION
 (the fencing token: strictly larger for every newer lease) in its
 environment, and does not inherit the locked descriptor.
 
-Without -n or -w, lock waits first come first served until NAME is free.
+Options come before NAME; everything after NAME is CMD and its arguments,
+as with flock(1) ("--" before CMD is optional). Without -n or -w, lock
+waits first come first served until NAME is free, however long that takes.
+A conflict names the holder (uid, pid, host, since).
 It exits with CMD's status (128+N when CMD died of signal N); 1 (or -E) on
 conflict (-n) or timeout (-w; -w 0 does not wait); 127 when CMD is not
 found and 126 when it cannot be run (as a shell; a script without #! runs
@@ -118,15 +122,17 @@ killed with it (SIGKILL); processes CMD started are not, so let CMD do its
 work itself or exec it.
 
 The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
-daemon serving the default state directory.`,
-		Example: `  leasefs lock deploy -- ./deploy.sh            # wait for the lease, run, release
+daemon that "leasefs ls" would read: the one leasefs mount that is up (with
+several up, name one), else the daemon of $LEASEFS_STATE or of the default
+state directory (docs/PROTOCOL.md §8, "Which daemon").`,
+		Example: `  leasefs lock deploy ./deploy.sh               # wait for the lease, run, release
   leasefs lock -n nightly -- make backup         # give up at once if held
   leasefs lock -w 30s -E 75 db/migrate -- ./migrate
   leasefs lock ci/job -- sh -c 'echo "fencing token $LEASEFS_GENERATION"'`,
 		ValidArgsFunction: completeLeaseNames,
 		Args: func(c *cobra.Command, a []string) error {
-			if len(a) < 2 || c.ArgsLenAtDash() != 1 {
-				return usageError{errors.New("want NAME -- CMD [ARG...]")}
+			if len(a) < 2 || (len(a) == 2 && a[1] == "--") {
+				return usageError{errors.New("want NAME [--] CMD [ARG...]")}
 			}
 			return nil
 		},
@@ -144,7 +150,13 @@ daemon serving the default state directory.`,
 			case o.reconnect < 0:
 				return usageError{fmt.Errorf("--reconnect-timeout %s: must not be negative", o.reconnect)}
 			}
-			code, err := runLock(c.Context(), o, a[0], a[1:], stderr)
+			// Flags end at NAME (SetInterspersed below), so a "--" after
+			// NAME is the separator flock(1) also accepts there.
+			argv := a[1:]
+			if argv[0] == "--" {
+				argv = argv[1:]
+			}
+			code, err := runLock(c.Context(), o, a[0], argv, stderr)
 			if err != nil {
 				return err
 			}
@@ -155,10 +167,13 @@ daemon serving the default state directory.`,
 		},
 	}
 	f := cmd.Flags()
+	f.SetInterspersed(false)
 	f.BoolVarP(&o.noWait, "nonblock", "n", false, "fail at once if NAME is held")
-	f.VarP((*waitDuration)(&o.wait), "wait", "w", "give up after waiting this long: a duration (30s, 1m30s) or seconds as flock(1) takes them (30, 0.5)")
+	f.VarP((*waitDuration)(&o.wait), "wait", "w", "give up after waiting this long: a duration (30s, 1m30s) or seconds as flock(1) takes them (30, 0.5); 0 does not wait")
+	// Without -w, lock waits until NAME is free: say so rather than "0s".
+	f.Lookup("wait").DefValue = "wait forever"
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
-	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the default state's mountpoint)")
+	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the mount of the daemon found as \"leasefs ls\" finds it)")
 	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
 	f.DurationVar(&o.reconnect, "reconnect-timeout", defaultReconnectTimeout, "how long CMD keeps running while the daemon does not answer (a restart) before the lease counts as lost; on etcd never past the lease's keep-alive deadline")
 	return cmd
@@ -209,7 +224,6 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	if err := checkLeasefsMount(mnt); err != nil {
 		return 0, failedWith{err, exitNoInput}
 	}
-	path := filepath.Join(mnt, name)
 	// The command is started from this goroutine's thread, which is kept
 	// for the life of the process: the command's parent-death signal
 	// (below) follows the thread that started it.
@@ -219,46 +233,39 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
-	// As flock(1) does: a read-only open that creates, so that a free name
-	// is reserved by this open file and the lock binds it.
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return 0, failedWith{fmt.Errorf("cannot open %s: %w", path, err), exitNoInput}
-	}
-	// fd is the locked descriptor; a reconnect replaces it.
-	defer func() { unix.Close(fd) }()
-	var sig os.Signal
-	switch err := takeLock(ctx, fd, o, sigs, &sig); {
+	h, sig, err := takeLock(ctx, mnt, name, o, sigs, stderr, argv[0])
+	switch {
 	case sig != nil:
 		return 128 + int(sig.(syscall.Signal)), nil
 	case ctx.Err() != nil:
 		return 128 + int(syscall.SIGINT), nil
-	case errors.Is(err, unix.EWOULDBLOCK):
-		fmt.Fprintf(stderr, "leasefs: %s is held\n", name)
+	case errors.Is(err, client.ErrHeld):
+		fmt.Fprintf(stderr, "leasefs: %v\n", err)
 		return o.conflict, nil
-	case errors.Is(err, errTimedOut):
-		fmt.Fprintf(stderr, "leasefs: %s still held after %s\n", name, o.wait)
+	case errors.Is(err, context.DeadlineExceeded):
+		fmt.Fprintf(stderr, "leasefs: %s still held after %s%s\n", name, o.wait, heldBy(mnt, name))
 		return o.conflict, nil
+	case errors.Is(err, client.ErrNoNamespace):
+		return 0, failedWith{err, exitNoInput}
 	case err != nil:
-		return 0, failedWith{fmt.Errorf("cannot lock %s: %w", path, err), exitUnavailable}
+		var pe *os.PathError
+		if errors.As(err, &pe) && pe.Op == "open" {
+			return 0, failedWith{fmt.Errorf("cannot open %s: %w", pe.Path, pe.Err), exitNoInput}
+		}
+		return 0, failedWith{fmt.Errorf("cannot lock %s: %w", filepath.Join(mnt, name), err), exitUnavailable}
 	}
 	// The lease ends before lock exits, however it exits: the unlock is
-	// answered once the daemon has ended the lease, while the release that
-	// follows the close comes asynchronously, after close returns
-	// (docs/PROTOCOL.md §6). A caller that runs lock again at once, or
-	// checks the name, finds it free.
-	defer func() { _ = unix.Flock(fd, unix.LOCK_UN) }()
-	st, err := readStatus(fd)
-	until := keepAliveUntil(st)
-	if err != nil {
-		return 0, failedWith{fmt.Errorf("cannot read the lease of %s: %w", path, err), exitUnavailable}
-	}
+	// answered once the daemon has ended the lease (docs/PROTOCOL.md §6). A
+	// caller that runs lock again at once, or checks the name, finds it
+	// free.
+	defer func() { _ = h.Unlock() }()
+	st := h.Status()
 	// Processes the command leaves behind (a shell's children, once the
 	// shell is gone) become this process's children instead of init's, so
 	// that a lost lease stops them too (stopTree).
 	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-	env := append(os.Environ(),
-		"LEASEFS_RESOURCE="+st["resource"], "LEASEFS_LEASE_ID="+st["lease_id"], "LEASEFS_GENERATION="+st["generation"])
+	env := append(os.Environ(), "LEASEFS_RESOURCE="+st.Resource, "LEASEFS_LEASE_ID="+st.LeaseID,
+		"LEASEFS_GENERATION="+strconv.FormatUint(st.Generation, 10))
 	cmd := command(argv, env)
 	err = cmd.Start()
 	if errors.Is(err, syscall.ENOEXEC) {
@@ -293,51 +300,13 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	// lost stops the command's tree once the lease is found lost (err),
 	// while it ran or as it ended, and returns exitLost.
 	lost := func(err error) int {
-		fmt.Fprintf(stderr, "leasefs: lease on %s lost (%v); stopping %s and what it started\n", name, err, argv[0])
+		fmt.Fprintf(stderr, "leasefs: %v; stopping %s and what it started\n", err, argv[0])
 		stopTree(exited, o.grace)
 		return exitLost
 	}
-	// down is when the daemon stopped answering, zero while it answers;
-	// downErr is the error it answered with then.
-	var down time.Time
-	var downErr error
-	// poll checks the lease through fd and, while the daemon does not
-	// answer, tries to take it back through a new open file
-	// (docs/PROTOCOL.md §6, §8). It returns a non-nil error once the lease
-	// is lost.
-	poll := func() error {
-		if down.IsZero() {
-			st, err := readStatus(fd)
-			switch {
-			case err == nil:
-				until = keepAliveUntil(st)
-				return nil
-			case !lostLease(err):
-				return nil
-			case !daemonGone(err):
-				return err
-			}
-			down, downErr = time.Now(), err
-			fmt.Fprintf(stderr, "leasefs: the daemon of %s does not answer (%v); %s keeps running while lock waits for it\n", mnt, err, argv[0])
-		}
-		nfd, err := takeBack(mnt, path, st["lease_id"])
-		switch {
-		case err == nil:
-			_ = unix.Close(fd)
-			fmt.Fprintf(stderr, "leasefs: lease on %s taken back after %v\n", name, time.Since(down).Round(time.Millisecond))
-			fd, down = nfd, time.Time{}
-			if st, err := readStatus(fd); err == nil {
-				until = keepAliveUntil(st)
-			}
-			return nil
-		case !errors.Is(err, errNotYet):
-			return err
-		}
-		if deadline := reconnectDeadline(down, o, until); !time.Now().Before(deadline) {
-			return fmt.Errorf("%w; not back by %s", downErr, deadline.Format(time.RFC3339Nano))
-		}
-		return nil
-	}
+	// Each check reads the lease through its descriptor and, while the
+	// daemon does not answer, tries to take it back through a new open
+	// file (docs/PROTOCOL.md §6, §8).
 	check := time.NewTicker(lockCheckEvery)
 	defer check.Stop()
 	for {
@@ -348,91 +317,89 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 			// it left running is stopped as below. While the daemon is
 			// away, the outcome waits for it (or for the deadline).
 			for {
-				if err := poll(); err != nil {
+				if err := h.Check(); err != nil {
 					return lost(err), nil
 				}
-				if down.IsZero() {
+				if !h.Away() {
 					return waitStatus(cmd.ProcessState), nil
 				}
 				time.Sleep(lockCheckEvery)
 			}
 		case <-check.C:
 			reapOrphans(cmd.Process.Pid)
-			if err := poll(); err != nil {
+			if err := h.Check(); err != nil {
 				return lost(err), nil
 			}
 		}
 	}
 }
 
-// errNotYet is [takeBack]'s answer while the mount does not answer yet.
-var errNotYet = errors.New("the mount does not answer yet")
-
-// daemonGone reports whether err, from a read of the locked descriptor,
-// says its daemon is gone (ENOTCONN, ECONNABORTED) rather than the lease
-// ended: the lease may outlive the daemon (docs/PROTOCOL.md §2).
-func daemonGone(err error) bool {
-	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
+// takeLock takes NAME under mnt as a handle lease: at once with -n or -w 0,
+// waiting first come first served otherwise, at most o.wait with -w, until
+// ctx ends or a signal arrives on sigs (then sig is that signal and
+// nothing is held). The lease's checks report a daemon that stops
+// answering, and a lease taken back, on stderr.
+func takeLock(ctx context.Context, mnt, name string, o lockOptions, sigs <-chan os.Signal, stderr io.Writer, what string) (*client.HandleLease, os.Signal, error) {
+	opts := []client.Option{
+		client.WithReconnectTimeout(o.reconnect),
+		client.WithGrace(o.grace),
+		client.WithNotify(func(e client.Event) {
+			switch e.Kind {
+			case client.DaemonAway:
+				fmt.Fprintf(stderr, "leasefs: the daemon of %s does not answer (%v); %s keeps running while lock waits for it\n", mnt, e.Err, what)
+			case client.TakenBack:
+				fmt.Fprintf(stderr, "leasefs: lease on %s taken back after %v\n", name, e.After.Round(time.Millisecond))
+			}
+		}),
+	}
+	if o.noWait || (o.waitSet && o.wait == 0) {
+		h, err := client.TryLock(mnt, name, opts...)
+		if errors.Is(err, client.ErrHeld) && o.waitSet {
+			err = context.DeadlineExceeded
+		}
+		return h, nil, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if o.waitSet {
+		wctx, cancel = context.WithTimeout(wctx, o.wait)
+		defer cancel()
+	}
+	var sig os.Signal
+	done, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case sig = <-sigs:
+			cancel()
+		case <-ctx.Done():
+			// The context ends on SIGINT or SIGTERM, which sigs hears
+			// too: the exit code names the one that came (128 + N).
+			select {
+			case sig = <-sigs:
+			case <-time.After(100 * time.Millisecond):
+			}
+		case <-done:
+		}
+	}()
+	h, err := client.Lock(wctx, mnt, name, opts...)
+	close(done)
+	<-watched
+	if sig != nil && h != nil {
+		_ = h.Unlock()
+		h = nil
+	}
+	return h, sig, err
 }
 
-// takeBack opens NAME again without creating it and locks it: a lease of a
-// previous daemon binds to the new open file when this process holds the
-// old one (docs/PROTOCOL.md §6, "Taking it back"). It returns the new
-// locked descriptor when the lease is id; errNotYet while the mount does
-// not answer (no leasefs mount on mnt yet, ENOTCONN, EAGAIN while a
-// daemon hands over); another error when the lease is lost: ENOENT (it
-// ended), EWOULDBLOCK (another holds the name) or a different lease id.
-func takeBack(mnt, path, id string) (int, error) {
-	if checkLeasefsMount(mnt) != nil {
-		return -1, errNotYet
-	}
-	nfd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// heldBy names the holder of name under mnt for a message, as
+// client.HeldError does: "" when it cannot be read.
+func heldBy(mnt, name string) string {
+	st, err := client.Stat(mnt, name)
 	if err != nil {
-		if daemonGone(err) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
-			return -1, errNotYet
-		}
-		return -1, fmt.Errorf("reopen: %w", err)
+		return ""
 	}
-	if err := flockRetry(nfd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(nfd)
-		if daemonGone(err) || errors.Is(err, unix.EAGAIN) {
-			return -1, errNotYet
-		}
-		return -1, fmt.Errorf("lock again: %w", err)
-	}
-	st, err := readStatus(nfd)
-	if err == nil && st["lease_id"] == id {
-		return nfd, nil
-	}
-	_ = unix.Flock(nfd, unix.LOCK_UN)
-	unix.Close(nfd)
-	if err != nil {
-		return -1, fmt.Errorf("read the lease again: %w", err)
-	}
-	return -1, fmt.Errorf("the name is now lease %s: %s has ended", st["lease_id"], id)
-}
-
-// keepAliveUntil is the keepalive_until of status document st: the
-// keep-alive deadline of a handle lease on etcd (docs/PROTOCOL.md §8a);
-// zero on the file store.
-func keepAliveUntil(st map[string]string) time.Time {
-	t, _ := time.Parse(time.RFC3339Nano, st["keepalive_until"])
-	return t
-}
-
-// reconnectDeadline is when a lock whose daemon stopped answering at down
-// gives its lease up: --reconnect-timeout after down, and on etcd no later
-// than the lease's keep-alive deadline until minus --grace, so that the
-// command is stopped (SIGKILL at until) before the cluster can expire the
-// lease and grant the name through another mount (docs/PROTOCOL.md §8).
-func reconnectDeadline(down time.Time, o lockOptions, until time.Time) time.Time {
-	d := down.Add(o.reconnect)
-	if !until.IsZero() {
-		if e := until.Add(-o.grace); e.Before(d) {
-			d = e
-		}
-	}
-	return d
+	return fmt.Sprintf(" by uid %d pid %d on %s since %s", st.HolderUID, st.HolderPID, st.Host, st.StartedAt.UTC().Format(time.RFC3339))
 }
 
 // command returns the command of argv with env, wired to this process's
@@ -569,14 +536,6 @@ func checkLeasefsMount(dir string) error {
 	return &userError{msg: abs + " is not a leasefs mount (pass the mountpoint of a running leasefs mount with --mount)"}
 }
 
-// lostLease reports whether err, from a read of the locked descriptor, says
-// the lease is gone: ended (ESTALE), or its daemon gone (ENOTCONN,
-// ECONNABORTED) or failing (EIO).
-func lostLease(err error) bool {
-	return errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOTCONN) ||
-		errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.EIO)
-}
-
 // waitStatus renders how a process ended as a shell would: its exit code,
 // or 128+N after signal N.
 func waitStatus(ps *os.ProcessState) int {
@@ -584,139 +543,4 @@ func waitStatus(ps *os.ProcessState) int {
 		return 128 + int(ws.Signal())
 	}
 	return ps.ExitCode()
-}
-
-var errTimedOut = errors.New("timed out")
-
-// flockChild is the hidden command that takes every blocking flock on its
-// inherited descriptor 3 for "leasefs lock", so that a wait can be ended
-// by a timeout (-w) or a signal to lock: a flock belongs to the open
-// file description, which the child shares with its parent, so the lock it
-// takes stays with the parent when it exits. A wait is ended by killing the
-// child; the kernel then abandons its lock request. (A
-// signal to a waiting thread of the parent would not do: Go installs its
-// signal handlers with SA_RESTART, and the kernel restarts the flock.)
-const flockChild = "__flock"
-
-// takeLock takes flock(LOCK_EX) on fd. It tries without waiting first: a
-// free name was reserved by this open file, and the lock binds it at once,
-// so a wait never begins with a reservation of our own that a timeout
-// would leave behind. With o.noWait (or -w 0) that is all; otherwise it
-// waits first come first served, at most o.wait when set, until ctx ends or
-// a signal arrives on sigs (then *sig is set and the wait is abandoned).
-func takeLock(ctx context.Context, fd int, o lockOptions, sigs <-chan os.Signal, sig *os.Signal) error {
-	err := flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
-	if !errors.Is(err, unix.EWOULDBLOCK) || o.noWait {
-		return err
-	}
-	var timeout <-chan time.Time
-	if o.waitSet {
-		if o.wait == 0 {
-			return errTimedOut
-		}
-		timeout = time.After(o.wait)
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	// The child gets a duplicate of fd (the same open file description):
-	// an *os.File of fd itself would close fd when it is collected.
-	dup, err := unix.Dup(fd)
-	if err != nil {
-		return err
-	}
-	lease := os.NewFile(uintptr(dup), "lease")
-	child := exec.Command(self, flockChild)
-	child.ExtraFiles = []*os.File{lease}
-	child.Stderr = os.Stderr
-	// The waiting helper must not outlive lock (SIGKILL of lock included).
-	child.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err = child.Start()
-	// Closing the duplicate sends only a FLUSH, which ends nothing; fd keeps
-	// the open file description.
-	lease.Close()
-	if err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- child.Wait() }()
-	abandon := func(err error) error {
-		_ = child.Process.Kill()
-		<-done
-		return err
-	}
-	select {
-	case err := <-done:
-		if code := child.ProcessState.ExitCode(); code > 0 && code < 256 && err != nil {
-			return unix.Errno(code)
-		}
-		if err != nil {
-			return err
-		}
-		// The lock is ours; locking it again records this process, not
-		// the helper that has exited, as its holder.
-		return flockRetry(fd, unix.LOCK_EX|unix.LOCK_NB)
-	case <-timeout:
-		return abandon(errTimedOut)
-	case s := <-sigs:
-		*sig = s
-		return abandon(errors.New("interrupted by " + s.String()))
-	case <-ctx.Done():
-		// The context ends on SIGINT or SIGTERM, which sigs hears too: the
-		// exit code names the one that came (128 + N).
-		select {
-		case s := <-sigs:
-			*sig = s
-		case <-time.After(100 * time.Millisecond):
-		}
-		return abandon(ctx.Err())
-	}
-}
-
-// runFlockChild is the body of [flockChild]: flock descriptor 3 and exit
-// 0, or with the errno as the exit code.
-func runFlockChild() int {
-	if err := flockRetry(3, unix.LOCK_EX); err != nil {
-		var errno unix.Errno
-		if errors.As(err, &errno) {
-			return int(errno)
-		}
-		return int(unix.EIO)
-	}
-	return 0
-}
-
-// flockRetry calls flock(2), retrying after EINTR.
-func flockRetry(fd, how int) error {
-	for {
-		if err := unix.Flock(fd, how); !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
-// readStatus reads the status document through fd and returns its keys
-// with values unquoted.
-func readStatus(fd int) (map[string]string, error) {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Pread(fd, buf, 0)
-	if err != nil {
-		return nil, err
-	}
-	st := make(map[string]string)
-	for line := range strings.SplitSeq(string(buf[:n]), "\n") {
-		k, v, ok := strings.Cut(line, " = ")
-		if !ok {
-			continue
-		}
-		if u, err := strconv.Unquote(v); err == nil {
-			v = u
-		}
-		st[k] = v
-	}
-	if st["lease_id"] == "" {
-		return nil, errors.New("no status document")
-	}
-	return st, nil
 }

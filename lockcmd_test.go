@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -21,6 +22,17 @@ func TestWaitDurationTakesFlockSeconds(t *testing.T) {
 		var d waitDuration
 		if err := d.Set(in); err == nil {
 			t.Errorf("-w %q = %v, want an error", in, time.Duration(d))
+		}
+	}
+}
+
+// lock's help says what a user needs: -w's real default, that "--" is
+// optional, and how the mount is found.
+func TestLockHelp(t *testing.T) {
+	r := runCLI(t, "lock", "--help")
+	for _, want := range []string{"(default wait forever)", "NAME [--] CMD", `the one leasefs mount that is up`, "$LEASEFS_MOUNT"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("leasefs lock --help lacks %q:\n%s", want, r.stdout)
 		}
 	}
 }

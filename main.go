@@ -14,9 +14,6 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 2 && os.Args[1] == flockChild {
-		os.Exit(runFlockChild())
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

@@ -102,7 +102,7 @@ func isMountHelper(root *cobra.Command, args []string) bool {
 		return false
 	}
 	switch args[0] {
-	case "help", "completion", flockChild:
+	case "help", "completion":
 		return false
 	}
 	for _, c := range root.Commands() {

@@ -157,3 +157,24 @@ func isDir(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.IsDir()
 }
+
+// Stat reads the status document of name under mount through a new
+// read-only open, as `cat` does (docs/PROTOCOL.md §4.1): never the token.
+// Errors: the errno of the open or read in an *os.PathError (ENOENT when
+// the name has no live lease); ErrNotMounted.
+func Stat(mount, name string) (*Status, error) {
+	path, err := leasePath(mount, name)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	st, err := readStatus(fd)
+	if err != nil {
+		return nil, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	return st, nil
+}

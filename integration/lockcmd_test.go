@@ -103,13 +103,20 @@ func TestLockConflictAndWait(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
 	holder := lockHolder(t, d, "busy")
-	if r := lockCmd(t, nil, "-n", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "busy is held") {
-		t.Errorf("lock -n on a held name: %s", r)
+	// The conflict names the holder as ls does: uid, pid, host, since.
+	host, _ := os.Hostname()
+	wantHolder := fmt.Sprintf("busy is held by uid %d pid %d on %s since ", os.Getuid(), holder.pid, host)
+	if r := lockCmd(t, nil, "-n", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, wantHolder) {
+		t.Errorf("lock -n on a held name: %s\nwant stderr with %q", r, wantHolder)
+	}
+	// As flock(1) takes it: everything after NAME is the command, "--" or not.
+	if r := lockCmd(t, nil, "-n", "--mount", d.mountpoint, "free", "echo", "-n", "ran"); r.code != 0 || r.stdout != "ran" {
+		t.Errorf("lock NAME CMD without --: %s", r)
 	}
 	if r := lockCmd(t, nil, "-n", "-E", "75", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 75 {
 		t.Errorf("lock -n -E 75 exit = %d, want 75", r.code)
 	}
-	if r := lockCmd(t, nil, "-w", "200ms", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "still held") {
+	if r := lockCmd(t, nil, "-w", "200ms", "--mount", d.mountpoint, "busy", "--", "true"); r.code != 1 || !strings.Contains(r.stderr, "still held after 200ms by uid") {
 		t.Errorf("lock -w 200ms on a held name: %s", r)
 	}
 	waiter := startProc(t, nil, leasefsBin, "lock", "-w", "20s", "--mount", d.mountpoint, "busy", "--", "bash", "-c", `echo "granted $LEASEFS_GENERATION"`)
@@ -429,9 +436,12 @@ func TestLockRefusesAndInterrupts(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(d.mountpoint, "ns"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"nons/job", "ns"} {
-		if r := lockCmd(t, nil, "-n", "-E", "75", "--mount", d.mountpoint, name, "--", "true"); r.code != 66 || !strings.Contains(r.stderr, "cannot open") {
-			t.Errorf("lock of %s (a missing namespace, a namespace): %s\nwant exit 66", name, r)
+	for name, want := range map[string]string{
+		"nons/job": "namespace nons does not exist: mkdir " + filepath.Join(d.mountpoint, "nons"),
+		"ns":       "cannot open",
+	} {
+		if r := lockCmd(t, nil, "-n", "-E", "75", "--mount", d.mountpoint, name, "--", "true"); r.code != 66 || !strings.Contains(r.stderr, want) {
+			t.Errorf("lock of %s (a missing namespace, a namespace): %s\nwant exit 66 and %q", name, r, want)
 		}
 	}
 	noDaemon := []string{"LEASEFS_MOUNT=", "LEASEFS_STATE=" + t.TempDir()}
