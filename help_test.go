@@ -4,13 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
-
-	"github.com/spf13/cobra"
 )
 
 // The root help summarises the file protocol; every command has a
@@ -33,47 +28,6 @@ func TestHelpTeaches(t *testing.T) {
 	}
 	if r := runCLI(t, "--version"); r.code != 0 || r.stdout != "leasefs "+version+"\n" {
 		t.Errorf("leasefs --version = %d %q", r.code, r.stdout)
-	}
-}
-
-// lock completes lease names (and namespaces, with a slash) under the
-// mount; --state completes directories.
-func TestCompletion(t *testing.T) {
-	mnt := t.TempDir()
-	for _, f := range []string{"alpha", "beta"} {
-		if err := os.WriteFile(filepath.Join(mnt, f), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Mkdir(filepath.Join(mnt, "ns"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	r := runCLI(t, cobra.ShellCompRequestCmd, "lock", "--mount", mnt, "")
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if got := lines[:len(lines)-1]; !slices.Equal(got, []string{"alpha", "beta", "ns/"}) {
-		t.Errorf("completion of lock NAME = %q", r.stdout)
-	}
-	r = runCLI(t, cobra.ShellCompRequestCmd, "lock", "--mount", mnt, "a")
-	if !strings.HasPrefix(r.stdout, "alpha\n:") {
-		t.Errorf("completion of lock a = %q", r.stdout)
-	}
-	r = runCLI(t, cobra.ShellCompRequestCmd, "status", "--state", "")
-	if !strings.Contains(r.stdout, ":16") { // ShellCompDirectiveFilterDirs
-		t.Errorf("completion of --state = %q, want directories", r.stdout)
-	}
-}
-
-// "leasefs man DIR" writes a page per command.
-func TestManPages(t *testing.T) {
-	dir := t.TempDir()
-	if r := runCLI(t, "man", dir); r.code != 0 {
-		t.Fatalf("leasefs man: %+v", r)
-	}
-	for _, page := range []string{"leasefs.1", "leasefs-mount.1", "leasefs-lock.1", "leasefs-status.1", "leasefs-ls.1"} {
-		data, err := os.ReadFile(filepath.Join(dir, page))
-		if err != nil || !bytes.Contains(data, []byte(".TH \"LEASEFS\"")) {
-			t.Errorf("%s: %v\n%.200s", page, err, data)
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,11 +63,6 @@ func (e failedWith) Unwrap() error { return e.err }
 // lockCheckEvery is how often "leasefs lock" checks, through its locked
 // descriptor, that the lease still holds while the command runs.
 const lockCheckEvery = 250 * time.Millisecond
-
-// defaultReconnectTimeout is how long "leasefs lock" waits, by default, for
-// its daemon to answer again (a restart, an upgrade) before it gives the
-// lease up as lost (docs/PROTOCOL.md §8).
-const defaultReconnectTimeout = time.Minute
 
 // defaultLostGrace is how long a command whose lease was lost has between
 // SIGTERM and SIGKILL.
@@ -175,7 +169,7 @@ state directory (docs/PROTOCOL.md §8, "Which daemon").`,
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
 	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the mount of the daemon found as \"leasefs ls\" finds it)")
 	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
-	f.DurationVar(&o.reconnect, "reconnect-timeout", defaultReconnectTimeout, "how long CMD keeps running while the daemon does not answer (a restart) before the lease counts as lost; on etcd never past the lease's keep-alive deadline")
+	f.DurationVar(&o.reconnect, "reconnect-timeout", client.DefaultReconnectTimeout, "how long CMD keeps running while the daemon does not answer (a restart) before the lease counts as lost; on etcd never past the lease's keep-alive deadline")
 	return cmd
 }
 
@@ -202,11 +196,6 @@ func (d *waitDuration) Set(s string) error {
 	*d = waitDuration(time.Duration(secs * float64(time.Second)))
 	return nil
 }
-
-// exitCode is an error that only sets the exit status; nothing is printed.
-type exitCode int
-
-func (e exitCode) Error() string { return "exit status " + strconv.Itoa(int(e)) }
 
 // runLock takes the lease, runs argv and returns the exit code.
 func runLock(ctx context.Context, o lockOptions, name string, argv []string, stderr io.Writer) (int, error) {
@@ -413,95 +402,6 @@ func command(argv, env []string) *exec.Cmd {
 	return cmd
 }
 
-// stopTree stops the command and every process it started, once the lease
-// is lost: SIGTERM to each, then, after grace (or at once if all are gone
-// sooner), SIGKILL to whatever is left, again and again until nothing is
-// left, so that a process forked meanwhile is killed too. exited is closed
-// once the command itself has been reaped. Descendants are found through
-// /proc; those the command left behind are this process's children (a
-// child subreaper, prctl(2) PR_SET_CHILD_SUBREAPER), so none escapes by
-// being orphaned.
-func stopTree(exited <-chan struct{}, grace time.Duration) {
-	self := os.Getpid()
-	for _, pid := range descendants(self) {
-		_ = unix.Kill(pid, unix.SIGTERM)
-	}
-	deadline := time.Now().Add(grace)
-	for len(descendants(self)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	// A process in uninterruptible sleep dies only when it wakes: give up
-	// on those after killLinger rather than spin.
-	for left, until := descendants(self), time.Now().Add(killLinger); len(left) > 0 && time.Now().Before(until); left = descendants(self) {
-		for _, pid := range left {
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	<-exited
-}
-
-// killLinger bounds how long stopTree keeps killing processes that are
-// still alive after their SIGKILL.
-const killLinger = 5 * time.Second
-
-// descendants returns the live (not zombie) processes below pid, found
-// through /proc/PID/task/TID/children (proc(5)).
-func descendants(pid int) []int {
-	var out []int
-	for queue := children(pid); len(queue) > 0; queue = queue[1:] {
-		p := queue[0]
-		if !zombie(p) {
-			out = append(out, p)
-		}
-		queue = append(queue, children(p)...)
-	}
-	return out
-}
-
-// children returns the children of every thread of process pid.
-func children(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		for f := range strings.FieldsSeq(string(data)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
-// zombie reports whether process pid has exited and waits to be reaped
-// (or is gone).
-func zombie(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) state …: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(data, ')')
-	f := strings.Fields(string(data[i+1:]))
-	return i < 0 || len(f) == 0 || f[0] == "Z" || f[0] == "X"
-}
-
-// reapOrphans reaps the children of this process that have exited, but for
-// the command itself (cmdPID, which its exec.Cmd waits for): the processes
-// the command left behind and that became this child subreaper's children.
-func reapOrphans(cmdPID int) {
-	for _, c := range children(os.Getpid()) {
-		if c != cmdPID {
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(c, &ws, unix.WNOHANG, nil)
-		}
-	}
-}
-
 // checkLockName refuses a NAME that is not a lease name under the mount:
 // empty, absolute, or with "." or ".." components (docs/PROTOCOL.md §3).
 func checkLockName(name string) error {
@@ -534,13 +434,4 @@ func checkLeasefsMount(dir string) error {
 		}
 	}
 	return &userError{msg: abs + " is not a leasefs mount (pass the mountpoint of a running leasefs mount with --mount)"}
-}
-
-// waitStatus renders how a process ended as a shell would: its exit code,
-// or 128+N after signal N.
-func waitStatus(ps *os.ProcessState) int {
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	return ps.ExitCode()
 }

@@ -4,7 +4,9 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/mattn/go-runewidth"
 )
@@ -111,4 +113,57 @@ func (t *table) write(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// tableName renders a resource for a table: as it is, or Go-quoted when it
+// holds control characters or spaces, which a name may contain but a
+// terminal would obey (escape sequences) or a table would split on.
+func tableName(r string) string {
+	if !needsQuote(r) {
+		return r
+	}
+	return strconv.Quote(r)
+}
+
+// needsQuote reports whether r holds a control character or a space (see
+// tableName). Printable ASCII, what almost every name is, is decided a byte
+// at a time.
+func needsQuote(r string) bool {
+	for i := 0; i < len(r); i++ {
+		if c := r[i]; c <= ' ' || c >= 0x7f {
+			return strings.ContainsFunc(r[i:], func(c rune) bool { return unicode.IsControl(c) || unicode.IsSpace(c) })
+		}
+	}
+	return false
+}
+
+// age renders a duration for tables, rounded to seconds, as
+// [time.Duration.String] renders it ("-1h2m3s", "45s", "0s").
+func age(d time.Duration) string {
+	return string(appendAge(nil, d))
+}
+
+// appendAge appends age(d) to b without allocating: a listing of 100,000
+// leases renders 200,000 of them.
+func appendAge(b []byte, d time.Duration) []byte {
+	const limit = 1 << 62 // far beyond any lease; rounding cannot overflow below it
+	if d <= -limit || d >= limit {
+		if d < 0 {
+			return append(append(b, '-'), d.Abs().Round(time.Second).String()...)
+		}
+		return append(b, d.Round(time.Second).String()...)
+	}
+	if d < 0 {
+		b = append(b, '-')
+		d = -d
+	}
+	secs := int64(d.Round(time.Second) / time.Second)
+	h, m, sec := secs/3600, secs/60%60, secs%60
+	if h > 0 {
+		b = append(strconv.AppendInt(b, h, 10), 'h')
+	}
+	if h > 0 || m > 0 {
+		b = append(strconv.AppendInt(b, m, 10), 'm')
+	}
+	return append(strconv.AppendInt(b, sec, 10), 's')
 }

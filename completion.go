@@ -1,28 +1,13 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/cobra/doc"
 )
-
-// rootLong is the root help: the file protocol in five lines
-// (docs/PROTOCOL.md §3, §6).
-const rootLong = `leasefs mounts exclusive writer leases as files. In a mount m:
-
-  set -C; : > m/name      reserve the lease on "name" (fails if someone holds it)
-  cat m/name              first read: the token, once; then the status document
-  echo "$tok" >| m/name   renew (heartbeat); a TOML command releases or annotates
-  rm m/name               release; ls -l m shows who holds what
-  flock m/name cmd        hold the lease exactly as long as cmd runs
-
-Protocol reference: docs/PROTOCOL.md. Start with "leasefs mount --help".`
 
 // completeLeaseNames completes a lease name for "leasefs lock": the files
 // and namespaces under the mount [lockMount] finds, with namespaces ending
@@ -73,32 +58,28 @@ func registerDirCompletion(cmd *cobra.Command) {
 	}
 }
 
-func newManCmd(stdout io.Writer) *cobra.Command {
-	return &cobra.Command{
-		Use:   "man DIR",
-		Short: "Write the manual pages of every command into DIR",
-		Long: `Write a manual page (section 1) for leasefs and each of its commands into
-DIR, generated from the commands' own help.`,
-		Example: `  leasefs man /usr/local/share/man/man1 && mandb -q
-  leasefs man /tmp/man && man -l /tmp/man/leasefs-lock.1`,
-		Args: func(_ *cobra.Command, a []string) error {
-			if len(a) != 1 {
-				return usageError{errors.New("want one DIR")}
+// fixCompletionCmd makes an unknown shell ("leasefs completion tcsh") a
+// usage error, exit 2: cobra's completion command only has subcommands
+// (bash, zsh, fish, powershell), and a command that cannot run answers an
+// unknown one with its help and exit 0.
+func fixCompletionCmd(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		c.Args = cobra.ArbitraryArgs
+		c.RunE = func(cmd *cobra.Command, a []string) error {
+			if len(a) == 0 {
+				return cmd.Help()
 			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, a []string) error {
-			if err := os.MkdirAll(a[0], 0o755); err != nil {
-				return err
+			var shells []string
+			for _, sc := range cmd.Commands() {
+				if sc.IsAvailableCommand() {
+					shells = append(shells, sc.Name())
+				}
 			}
-			header := &doc.GenManHeader{Title: "LEASEFS", Section: "1", Source: "leasefs " + version, Manual: "leasefs manual"}
-			root := cmd.Root()
-			root.DisableAutoGenTag = true
-			if err := doc.GenManTree(root, header, a[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "manual pages written to %s\n", a[0])
-			return nil
-		},
+			return usageError{fmt.Errorf("unknown shell %q: want one of %s", a[0], strings.Join(shells, ", "))}
+		}
 	}
 }

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/mount"
+)
+
+// TestMountBadMountpoint mounts on a missing path and on a regular file: the message names
+// the mountpoint, and nothing is created in the state directory.
+func TestMountBadMountpoint(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		mp, want string
+	}{
+		{filepath.Join(dir, "missing"), "leasefs: mountpoint " + filepath.Join(dir, "missing") + " does not exist"},
+		{file, "leasefs: mountpoint " + file + " is not a directory"},
+	}
+	for _, c := range cases {
+		state := filepath.Join(t.TempDir(), "state")
+		r := runCLI(t, "mount", "--state", state, c.mp)
+		if r.code != exitError {
+			t.Errorf("mount %s: exit %d, want %d; stderr:\n%s", c.mp, r.code, exitError, r.stderr)
+		}
+		wantUserMessage(t, r, c.want)
+		if got := tree(t, state); got != nil {
+			t.Errorf("mount %s created the state directory: %q", c.mp, got)
+		}
+	}
+}
+
+// TestMountStateServed mounts on a state directory whose daemon lock another holder (this
+// test process) has: exit 3, and the message names the holder without package names.
+func TestMountStateServed(t *testing.T) {
+	state := t.TempDir()
+	lock, err := daemonlock.Acquire(filepath.Join(state, mount.DaemonLockName),
+		daemonlock.CurrentHolder("leasefs mount /somewhere"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	r := runCLI(t, "mount", "--state", state, t.TempDir())
+	if r.code != exitHeld {
+		t.Errorf("mount on a held state: exit %d, want %d; stderr:\n%s", r.code, exitHeld, r.stderr)
+	}
+	wantUserMessage(t, r, "leasefs: state directory "+state+" is held by leasefs mount /somewhere (pid ")
+}
