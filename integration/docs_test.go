@@ -319,6 +319,7 @@ func runDocTest(t *testing.T, root string, b docBlock, files []docBlock, out doc
 	if r.code != 0 {
 		t.Fatalf("%s (%s block %s): %s", b.where(), b.lang, b.name, r)
 	}
+	t.Logf("%s: %s", b.where(), r)
 	if hasOut {
 		if re := outputPattern(subst(out.body)); !re.MatchString(strings.TrimRight(r.stdout, "\n")) {
 			t.Errorf("%s: output of %s does not match %s:\n%s\nwant:\n%s", b.where(), b.name, out.where(), r.stdout, out.body)
