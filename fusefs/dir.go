@@ -119,6 +119,9 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	}
 	switch {
 	case errors.Is(err, leasecore.ErrNotFound):
+		if ended, ok := d.selfLookup(ctx, resource); ok {
+			return d.childLease(ctx, ended, out), 0
+		}
 		return nil, syscall.ENOENT
 	case err != nil:
 		// Not a missing name: the store failed (a commit, a cluster
@@ -194,6 +197,9 @@ func (d *dirNode) Create(ctx context.Context, name string, flags uint32, mode ui
 func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	c := callerOf(ctx)
 	resource := joinResource(d.path, name)
+	if d.fsys.self.self(c.tid) {
+		return d.selfUnlink(resource)
+	}
 	l, err := d.unlinkTarget(ctx, c, name, resource)
 	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
@@ -222,6 +228,31 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
 	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
+	return 0
+}
+
+// selfLookup answers a LOOKUP of the daemon's self-unlink worker for a
+// name without a live lease: the ended lease being unlinked, so that the
+// kernel keeps the entry that the UNLINK then removes (see selfUnlinker).
+func (d *dirNode) selfLookup(ctx context.Context, resource string) (leasecore.Lease, bool) {
+	if !d.fsys.self.self(callerTID(ctx)) {
+		return leasecore.Lease{}, false
+	}
+	return d.fsys.self.ended(resource)
+}
+
+// selfUnlink answers an UNLINK of the daemon's self-unlink worker: it ends
+// nothing. When the worker's LOOKUP found a live lease (the name was
+// granted again after the end), EBUSY keeps that lease's entry and raises
+// no event; otherwise the kernel removes the ended lease's entry and raises
+// IN_DELETE (docs/PROTOCOL.md §6a).
+func (d *dirNode) selfUnlink(resource string) syscall.Errno {
+	if _, ok := d.fsys.lookups.take(int(d.fsys.self.tid.Load()), resource); ok {
+		return syscall.EBUSY
+	}
+	if _, ok := d.fsys.self.ended(resource); !ok {
+		return syscall.ENOENT
+	}
 	return 0
 }
 

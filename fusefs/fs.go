@@ -70,6 +70,7 @@ type FS struct {
 	interrupts interruptsOf
 	jeopardy   bool
 	unlinked   unlinkedLeases
+	self       selfUnlinker
 	lookups    threadLookups
 	parked     parkedWaits
 	// survivors are the handle leases of previous daemons kept for their
@@ -172,9 +173,9 @@ func (f *FS) Run(ctx context.Context) {
 				// first), is this one's.
 				if ev.Change != leasecore.ChangeReleased {
 					f.unlinked.forget(ev.Lease.ID)
-					f.invalidate(ev.Lease)
+					f.ended(ev.Lease)
 				} else if !f.unlinked.skip(ev.Lease) {
-					f.invalidate(ev.Lease)
+					f.ended(ev.Lease)
 				}
 			}
 		case <-f.unlinked.wake:
@@ -198,8 +199,22 @@ func (f *FS) Drain(ctx context.Context) {
 	f.drain()
 }
 
+// ended takes l, a lease the daemon ended (not an unlink through this
+// mount), out of the kernel's view: by a self-unlink, which raises
+// IN_DELETE on the directory (docs/PROTOCOL.md §6a), or, without its
+// worker or with its queue full, by a notification. Called only from Run.
+func (f *FS) ended(l leasecore.Lease) {
+	if !f.kernelKnows(l) {
+		return
+	}
+	if !f.self.enqueue(l) {
+		f.invalidate(l)
+	}
+}
+
 // invalidate removes l's entry from the kernel's dentry cache if the kernel
-// still knows it under that inode. Called only from Run.
+// still knows it under that inode. Called only from Run and the self-unlink
+// worker, never from a FUSE handler.
 func (f *FS) invalidate(l leasecore.Lease) {
 	parent := f.root.EmbeddedInode()
 	dir, name := splitResource(l.Resource)

@@ -391,6 +391,9 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	lfs.Adopt(survivors.kept)
+	if err := lfs.StartSelfUnlink(mp); err != nil {
+		log.Warn("directory watches will not see the daemon's own ends", "mountpoint", mp, "err", err)
+	}
 	log.Info("mounted", "mountpoint", mp, "state", state, "pid", os.Getpid(),
 		"lease_duration", opts.LeaseDuration.String(), "allow_other", opts.AllowOther)
 	mtr.serve()
@@ -418,15 +421,18 @@ func Run(ctx context.Context, opts Options) error {
 		log.Info("unmounting", "mountpoint", mp, "reason", context.Cause(ctx))
 		stopping()
 		warnHandleLeases(store, log)
+		lfs.StopSelfUnlink()
 		detached = unmount(server, mp, root, log)
 	case req := <-takeover:
 		log.Info("handing over to another daemon", "mountpoint", mp, "requester", req.Requester.String())
 		stopping()
 		lfs.Drain(runCtx)
+		lfs.StopSelfUnlink()
 		detached = unmount(server, mp, root, log)
 	case <-served:
 		log.Info("unmounted from outside", "mountpoint", mp)
 		stopping()
+		lfs.StopSelfUnlink()
 	}
 	stop()
 	<-reaped
