@@ -1,7 +1,6 @@
 package fusefs
 
 import (
-	"context"
 	"runtime"
 	"strings"
 	"sync"
@@ -145,26 +144,24 @@ func (f *FS) StopSelfUnlink() {
 
 // selfUnlink unlinks the name of ended lease l through the mount whose root
 // is mountpoint on device dev, when the kernel knows the name under l's
-// inode and no live lease holds it; otherwise, and when the unlink fails,
-// it falls back to the notification. Runs on the worker only.
+// inode; when the unlink fails for another reason than a new lease of
+// the name, it falls back to the notification. Runs on the worker only.
 func (f *FS) selfUnlink(mountpoint string, dev uint64, l leasecore.Lease) {
 	if !f.kernelKnows(l) {
 		return
 	}
-	// A name granted on in the same step (a hand-over) stays taken: no
-	// IN_DELETE. The check is local on both stores' hot paths; a grant
-	// after it is caught by the UNLINK (see dirNode.selfUnlink).
-	if cur, err := f.store.Live(context.Background(), l.Resource); err == nil && cur.ID != l.ID {
-		// The kernel's entry, if of l, is looked up again by the next
-		// path walk (zero entry timeouts) and then shows cur.
-		return
-	}
+	// A name granted on in the same step (a hand-over) stays taken: the
+	// worker's LOOKUP then finds the new lease, and its UNLINK is refused
+	// (see dirNode.selfUnlink). That LOOKUP is the one store read a
+	// self-unlink costs, on a mount whose kernel knows the name only.
 	errno := f.unlinkThrough(mountpoint, dev, l)
 	switch errno {
 	case 0:
 		f.log.Debug("self-unlink", "resource", l.Resource, "lease", l.ID)
-	case syscall.ENOENT, syscall.EBUSY:
-		// The kernel no longer knew the name, or it was granted again.
+	case syscall.EBUSY:
+		// Granted again: the next path walk looks the new lease up.
+	case syscall.ENOENT:
+		// The kernel no longer knew the name.
 		f.invalidate(l)
 	default:
 		f.log.Debug("self-unlink failed; notifying instead", "resource", l.Resource, "lease", l.ID, "errno", errno)
