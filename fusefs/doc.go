@@ -19,9 +19,12 @@
 //
 // # Invalidations
 //
-// Kernel notifications (NotifyDelete) are sent only from the goroutine of
-// [FS.Run], never inside a FUSE handler and with no lock held, because a
-// notification sent from a handler deadlocks the kernel (docs/ARCHITECTURE.md, kernel facts).
+// Kernel notifications (NotifyDelete) and the daemon's own unlinks of
+// ended names (self-unlinks, which raise IN_DELETE: docs/PROTOCOL.md §6a)
+// are made only from the goroutine of [FS.Run] and the self-unlink worker,
+// never inside a FUSE handler and with no lock held, because a notification
+// or a call on the mount from a handler deadlocks the kernel
+// (docs/ARCHITECTURE.md, kernel facts and "Self-unlinks").
 //
 // # Errors
 //
