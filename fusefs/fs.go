@@ -216,22 +216,29 @@ func (f *FS) ended(l leasecore.Lease) {
 // still knows it under that inode. Called only from Run and the self-unlink
 // worker, never from a FUSE handler.
 func (f *FS) invalidate(l leasecore.Lease) {
-	parent := f.root.EmbeddedInode()
-	dir, name := splitResource(l.Resource)
-	if dir != "" {
-		for part := range strings.SplitSeq(dir, "/") {
-			if parent = parent.GetChild(part); parent == nil {
-				return
-			}
-		}
-	}
-	child := parent.GetChild(name)
+	parent, name, child := f.treeEntry(l.Resource)
 	if child == nil || child.StableAttr().Ino != leaseIno(l) {
 		return
 	}
 	if errno := parent.NotifyDelete(name, child); errno != 0 && errno != syscall.ENOENT {
 		f.log.Debug("notify delete failed", "resource", l.Resource, "errno", errno)
 	}
+}
+
+// treeEntry returns the inode-tree entry of resource: its directory's
+// inode, its name there, and its inode (nil child when the tree, and so the
+// kernel, does not have it; nil parent too when its directory is missing).
+func (f *FS) treeEntry(resource string) (parent *fs.Inode, name string, child *fs.Inode) {
+	parent = f.root.EmbeddedInode()
+	dir, name := splitResource(resource)
+	if dir != "" {
+		for part := range strings.SplitSeq(dir, "/") {
+			if parent = parent.GetChild(part); parent == nil {
+				return nil, name, nil
+			}
+		}
+	}
+	return parent, name, parent.GetChild(name)
 }
 
 // reserve reserves a token lease on resource for caller c and keeps its

@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -209,16 +208,7 @@ func (f *FS) unlinkThrough(mountpoint string, dev uint64, l leasecore.Lease) sys
 // entry to remove and an event to raise ("flat in the number of mounts": a
 // mount that never looked the name up pays nothing).
 func (f *FS) kernelKnows(l leasecore.Lease) bool {
-	parent := f.root.EmbeddedInode()
-	dir, name := splitResource(l.Resource)
-	if dir != "" {
-		for part := range strings.SplitSeq(dir, "/") {
-			if parent = parent.GetChild(part); parent == nil {
-				return false
-			}
-		}
-	}
-	child := parent.GetChild(name)
+	_, _, child := f.treeEntry(l.Resource)
 	if child == nil {
 		return false
 	}
