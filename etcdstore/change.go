@@ -113,6 +113,37 @@ func (s *Store) removeLater(l leasecore.Lease) {
 	})
 }
 
+// endUnboundLater ends lease id of resource in the background once the
+// cluster answers, if a bind whose outcome is unknown moved it onto this
+// daemon's handle session: the caller was told the bind failed, so no open
+// file holds it, and the session would keep it (and the name's waiters
+// waiting) until the daemon stops (docs/PROTOCOL.md §8a, "Elections").
+// A lease still a token lease, ended, or bound again since (this store
+// owns it then) is left alone.
+func (s *Store) endUnboundLater(id, resource string) {
+	s.wg.Go(func() {
+		for s.bg.Err() == nil {
+			r, err := s.getLive(background(s.bg), resource)
+			if err == nil {
+				if r == nil || r.l.ID != id || r.l.Mode != leasecore.ModeHandle || s.OwnsHandle(id) {
+					return
+				}
+				l, err := s.end(background(s.bg), r, r.l, leasecore.StatusAbandoned, chExpired)
+				if errors.Is(err, errRaced) {
+					continue
+				}
+				if err == nil {
+					s.logEnd(l, "bound while the cluster did not answer, and held by no open file")
+					return
+				}
+			}
+			if !s.sleep(time.Second) {
+				return
+			}
+		}
+	})
+}
+
 // put writes l, with the change that made it, as the live lease of r's
 // resource on etcd lease lid, if the key is still at r's version.
 // Errors: errRaced (the store now knows the key's current version, or lid
@@ -307,6 +338,10 @@ func (s *Store) End(ctx context.Context, id string, status leasecore.Status) (le
 // handle session is not confirmed.
 func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.Lease, error) {
 	owned := s.OwnsHandle(id)
+	var resource string
+	if r := s.current(id); r != nil {
+		resource = r.l.Resource
+	}
 	l, _, err := s.mutate(ctx, id, nil, chBound, "", func(l *leasecore.Lease) (bool, error) {
 		if l.Mode == leasecore.ModeHandle && owned && (holderPID <= 0 || holderPID == l.HolderPID) {
 			return true, nil
@@ -324,6 +359,9 @@ func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.L
 		return lid, nil
 	})
 	if err != nil {
+		if !owned && resource != "" && errors.Is(err, leasecore.ErrOutcomeUnknown) {
+			s.endUnboundLater(id, resource)
+		}
 		return l, err
 	}
 	s.keepAlive(id)

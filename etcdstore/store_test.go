@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -612,5 +613,58 @@ func TestLeaderElectionIsNotAnOutage(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "unreachable") {
 		t.Errorf("an election was logged as an outage:\n%s", logs.String())
+	}
+}
+
+// A bind that the cluster committed while its answer was lost (the call
+// fails with its outcome unknown) leaves no handle lease on the daemon's
+// session that no open file holds: once the cluster answers again the
+// store ends it (docs/PROTOCOL.md §8a, "Elections").
+func TestBindOfUnknownOutcomeIsEnded(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	var opts etcdstore.Options
+	opts.LeaseDuration, opts.CallTimeout = 30*time.Second, time.Second
+	opts.Logger = slog.New(slog.DiscardHandler)
+	proxy := etcdtest.NewProxy(t, srv.Endpoint())
+	s, err := etcdstore.Open(ctx, []string{proxy.Endpoint()}, "/unbound", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	other := openAt(t, srv, "/unbound", opts)
+	// A handle lease first, so that the bind needs no new session.
+	if _, err := s.Reserve(ctx, leasecore.Draft{Resource: "h", Mode: leasecore.ModeHandle, HolderUID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.DropReplies(true)
+	if _, err := s.Bind(ctx, g.Lease.ID, os.Getpid()); !errors.Is(err, leasecore.ErrOutcomeUnknown) {
+		t.Fatalf("Bind with its answer lost = %v, want ErrOutcomeUnknown", err)
+	}
+	if l, err := other.Live(ctx, "x"); err != nil || l.ID != g.Lease.ID || l.Mode != leasecore.ModeHandle {
+		t.Fatalf("Live(x) on another store after the lost answer = %+v, %v; want the bind committed (a handle lease)", l, err)
+	}
+	// New connections carry the answers again.
+	proxy.Cut()
+	proxy.DropReplies(false)
+	proxy.Resume(t)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l, err := other.Live(ctx, "x")
+		if errors.Is(err, leasecore.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Live(x) 20 s after the cluster answers again = %+v, %v; want the bound lease no open file holds ended", l, err)
+		}
+	}
+	if l, err := other.Load(ctx, g.Lease.ID); err != nil || l.Status != leasecore.StatusAbandoned {
+		t.Fatalf("the lease after the store ended it = %+v, %v; want abandoned", l, err)
+	}
+	if l, err := other.Live(ctx, "h"); err != nil || l.Mode != leasecore.ModeHandle {
+		t.Fatalf("the other handle lease after the outage = %+v, %v; want it still held", l, err)
 	}
 }

@@ -46,8 +46,8 @@ type Options struct {
 // numbers), posix (fcntl lock owners), flushes (lock owners of the FLUSH
 // requests in flight), unlinked (leases being ended by an unlink), lookups (the
 // lease each thread last looked up), parked (interrupted lock waits kept for
-// their restart), survivors (handle leases of previous daemons), retryEnds (handle
-// lease ends to try again). Lock order:
+// their restart), survivors (handle leases of previous daemons), retryEnds and
+// retryUnclaimed (ends to try again). Lock order:
 // leaseNode.mu, then leaseHandle.mu; the locks of those parts are leaves,
 // never held while another lock is taken or the store is called. The FIFO
 // queue of blocked flock waiters lives in the store ([leasecore.Store.Acquire]).
@@ -75,8 +75,9 @@ type FS struct {
 	parked     parkedWaits
 	// survivors are the handle leases of previous daemons kept for their
 	// open files ([FS.Adopt]).
-	survivors survivorSet
-	retryEnds retryEnds
+	survivors      survivorSet
+	retryEnds      retrySet[string]
+	retryUnclaimed retrySet[unclaimed]
 	// proc is where the processes holding survivors are looked up:
 	// "/proc".
 	proc string

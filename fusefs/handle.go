@@ -31,6 +31,10 @@ type leaseHandle struct {
 	// bound is true while this open file holds its lease by flock: the
 	// lease ends when the lock is released or the open file is.
 	bound bool
+	// bindUnknown is set when binding the reserved lease to a lock failed
+	// with its outcome unknown: the store may hold it as a handle lease
+	// that no open file holds, which [leaseHandle.dropUnclaimed] ends.
+	bindUnknown bool
 	// posixKeys are the fcntl lock owners that took a lease through this
 	// open file. A process-owned (POSIX) lock ends at the owner's FLUSH;
 	// an open-file-owned one (F_OFD_SETLK) only when the open file is

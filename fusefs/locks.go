@@ -127,32 +127,53 @@ func (h *leaseHandle) wait(d leasecore.Draft, req lockRequest) (leasecore.Grant,
 func (h *leaseHandle) dropUnclaimed() bool {
 	f := h.fsys
 	h.mu.Lock()
-	id, reserved := h.id, h.reserved
+	id, reserved, bindUnknown := h.id, h.reserved, h.bindUnknown
 	h.mu.Unlock()
 	if !reserved {
 		return false
 	}
-	tok, unread := f.tokens.take(id)
+	return f.endUnclaimed(unclaimed{resource: h.resource, id: id, mayBeBound: bindUnknown})
+}
+
+// unclaimed is a reservation to end: token lease id of resource, whose
+// token nobody read. mayBeBound is set when a bind of it to a lock failed
+// with its outcome unknown: the store may hold it as a handle lease then,
+// and that lease is ended too (no open file holds it: the lock was
+// refused).
+type unclaimed struct {
+	resource, id string
+	mayBeBound   bool
+}
+
+// endUnclaimed ends reservation u as abandoned when its token is still
+// unread, and reports whether it did. An end the store could not make (the
+// cluster unreachable, the disk refusing the record) is retried by [FS.Run]
+// until it lands or the token is read: the name would otherwise stay
+// reserved for a lease duration that nobody can renew or release, or, as a
+// handle lease on the daemon's etcd session, for ever.
+func (f *FS) endUnclaimed(u unclaimed) bool {
+	tok, unread := f.tokens.take(u.id)
 	if !unread {
 		return false // the holder has its token: the lease is theirs to end
 	}
 	ctx := context.Background()
-	if l, err := f.store.Load(ctx, id); err != nil || !l.Live() || l.Mode != leasecore.ModeToken {
-		// Ended, or bound to a lock since: nothing unclaimed. A lease the
-		// store could not be asked about keeps its token for the holder's
-		// first read.
-		if err != nil {
-			f.tokens.put(id, tok)
+	l, err := f.store.Load(ctx, u.id)
+	if err == nil && (!l.Live() || (l.Mode != leasecore.ModeToken && !u.mayBeBound)) {
+		return false // ended, or bound to a lock since: nothing unclaimed
+	}
+	if err == nil {
+		l, err = f.store.End(ctx, u.id, leasecore.StatusAbandoned)
+	}
+	if err != nil {
+		f.tokens.put(u.id, tok) // still the holder's to read meanwhile
+		if !errors.Is(err, leasecore.ErrInactive) && !errors.Is(err, leasecore.ErrClosed) &&
+			!errors.Is(err, leasecore.ErrNotFound) {
+			f.log.Error("ending an unclaimed reservation failed; retrying", "resource", u.resource, "lease", u.id, "err", err)
+			f.retryUnclaimed.add(u.id, u)
 		}
 		return false
 	}
-	l, err := f.store.End(ctx, id, leasecore.StatusAbandoned)
-	if err != nil {
-		f.tokens.put(id, tok)
-		f.log.Error("ending an unclaimed reservation failed", "resource", h.resource, "lease", id, "err", err)
-		return false
-	}
-	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", "unclaimed reservation of a refused call")
+	f.log.Info("released", "resource", l.Resource, "lease", u.id, "reason", "unclaimed reservation of a refused call")
 	return true
 }
 
@@ -255,6 +276,11 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 		l, err := f.store.Load(ctx, id)
 		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
 			if l, err = f.store.Bind(ctx, id, req.c.pid()); err != nil {
+				if errors.Is(err, leasecore.ErrOutcomeUnknown) {
+					h.mu.Lock()
+					h.bindUnknown = true
+					h.mu.Unlock()
+				}
 				return f.refuse(op, h.resource, req.c, toErrno(err), err)
 			}
 			h.bindTo(l, req)

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -233,5 +234,63 @@ func TestStaleTokenWriteDropsReservation(t *testing.T) {
 	}
 	if _, err := e.store.Live(context.Background(), "y"); err != nil {
 		t.Fatalf("a claimed lease ended with a wrong token: %v", err)
+	}
+}
+
+// lostAnswers is a store whose Bind is applied but answered as an outage
+// with its outcome unknown (the cluster committed it and the answer was
+// lost in a leader election), and whose first failEnds Ends fail without
+// being applied.
+type lostAnswers struct {
+	leasecore.Store
+	failEnds int
+}
+
+func (s *lostAnswers) Bind(ctx context.Context, id string, pid int) (leasecore.Lease, error) {
+	if _, err := s.Store.Bind(ctx, id, pid); err != nil {
+		return leasecore.Lease{}, err
+	}
+	return leasecore.Lease{}, &leasecore.PersistError{Op: "etcd bound", Path: id,
+		Err: fmt.Errorf("%w: context deadline exceeded", leasecore.ErrOutcomeUnknown)}
+}
+
+func (s *lostAnswers) End(ctx context.Context, id string, st leasecore.Status) (leasecore.Lease, error) {
+	if s.failEnds > 0 {
+		s.failEnds--
+		return leasecore.Lease{}, &leasecore.PersistError{Op: "etcd end", Path: id, Err: errors.New("context deadline exceeded")}
+	}
+	return s.Store.End(ctx, id, st)
+}
+
+// A flock that binds a fresh reservation and is refused because the
+// store could not say whether the bind landed leaves no handle lease that
+// no open file holds: the reservation is ended even when the store holds
+// it as a handle lease, and an end that fails is retried until it lands.
+func TestRefusedBindOfUnknownOutcomeEndsTheLease(t *testing.T) {
+	for _, failEnds := range []int{0, 2} {
+		t.Run(fmt.Sprintf("failed ends %d", failEnds), func(t *testing.T) {
+			base := newEnv(t, leasecore.Options{})
+			s := &lostAnswers{Store: base.store, failEnds: failEnds}
+			f := New(s, Options{Logger: slog.New(slog.DiscardHandler)})
+			_ = f.RawFileSystem()
+			_, h := mustCreate(t, as(uidAlice), f.root, "x")
+			id := h.leaseID()
+			if errno := h.Setlk(as(uidAlice), 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != syscall.EIO {
+				t.Fatalf("flock whose bind's outcome is unknown = %v, want EIO", errno)
+			}
+			for i := range failEnds {
+				l, err := base.store.Load(context.Background(), id)
+				if err != nil || !l.Live() || l.Mode != leasecore.ModeHandle {
+					t.Fatalf("after %d failed ends the lease is %+v, %v; want live, held as a handle lease", i+1, l, err)
+				}
+				f.retryFailedEnds()
+			}
+			if l, err := base.store.Load(context.Background(), id); err != nil || l.Status != leasecore.StatusAbandoned {
+				t.Fatalf("the reservation after its bind's outcome was unknown = %+v, %v; want abandoned", l, err)
+			}
+			if f.retryUnclaimed.take() != nil {
+				t.Fatal("an end is still queued for a retry after it landed")
+			}
+		})
 	}
 }

@@ -177,24 +177,25 @@ func (h *leaseHandle) takeBack(ctx context.Context, op string, req lockRequest, 
 	return true, 0
 }
 
-// retryEnds holds the handle leases whose end failed, by lease id, with
-// the reason to log ([FS.endHandleLease]). Safe for concurrent use; its
-// lock is a leaf.
-type retryEnds struct {
+// retrySet holds the ends to try again, by lease id: the reason to log
+// for a handle lease ([FS.endHandleLease]), the reservation for an
+// unclaimed one ([FS.endUnclaimed]). Safe for concurrent use; its lock is
+// a leaf.
+type retrySet[V any] struct {
 	mu sync.Mutex
-	m  map[string]string
+	m  map[string]V
 }
 
-func (r *retryEnds) add(id, reason string) {
+func (r *retrySet[V]) add(id string, v V) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = make(map[string]string)
+		r.m = make(map[string]V)
 	}
-	r.m[id] = reason
+	r.m[id] = v
 }
 
-func (r *retryEnds) take() map[string]string {
+func (r *retrySet[V]) take() map[string]V {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.m
@@ -202,10 +203,13 @@ func (r *retryEnds) take() map[string]string {
 	return m
 }
 
-// retryFailedEnds tries again the ends of handle leases that failed. Called
-// from Run's goroutine.
+// retryFailedEnds tries again the ends of handle leases and of unclaimed
+// reservations that failed. Called from Run's goroutine.
 func (f *FS) retryFailedEnds() {
 	for id, reason := range f.retryEnds.take() {
 		f.endHandleLease(id, reason)
+	}
+	for _, u := range f.retryUnclaimed.take() {
+		f.endUnclaimed(u)
 	}
 }

@@ -74,16 +74,27 @@ func TestEtcdLeaderKilledKeepsHandleLeases(t *testing.T) {
 	// can outlast the local deadline of a 3 s lease duration (2 s after
 	// the last confirmed keep-alive) and put the handle leases in
 	// jeopardy; a 5 s grace period covers the longest election and the
-	// clients' failover. (The killed member answers keep-alives from its
-	// own lessor until its listeners close, so not every election does.)
+	// clients' failover.
 	members := etcdtest.StartClusterElection(t, 3, 2*time.Second)
+	// The daemons reach each member through a proxy that is cut at the
+	// member's kill: an embedded member that is hard-stopped still answers
+	// keep-alives from its lessor until its listeners close (which took
+	// up to 10 s on a loaded machine), so without the cut a crash would
+	// not look like one to its clients and the election would not put
+	// the handle leases in jeopardy.
+	proxies := make([]*etcdtest.Proxy, len(members))
+	eps := make([]string, len(members))
+	for i, m := range members {
+		proxies[i] = etcdtest.NewProxy(t, m.Endpoint())
+		eps[i] = proxies[i].Endpoint()
+	}
 	grace := "5s"
 	if g := os.Getenv("LEASEFS_TEST_ETCD_GRACE"); g != "" {
 		// To show what the test catches: LEASEFS_TEST_ETCD_GRACE=0 ends
 		// handle leases in the elections.
 		grace = g
 	}
-	store := []string{"--store", "etcd://" + etcdtest.Endpoints(members) + "/leasefs-jeopardy", "--etcd-grace", grace}
+	store := []string{"--store", "etcd://" + strings.Join(eps, ",") + "/leasefs-jeopardy", "--etcd-grace", grace}
 	a := startDaemon(t, daemonOpts{leaseDuration: 3 * time.Second, extraArgs: store, metricsAddr: "127.0.0.1:0"})
 	b := startDaemon(t, daemonOpts{leaseDuration: 3 * time.Second, extraArgs: store, metricsAddr: "127.0.0.1:0"})
 	flockBin := requireTool(t, "flock")
@@ -137,10 +148,12 @@ func TestEtcdLeaderKilledKeepsHandleLeases(t *testing.T) {
 			t.Fatalf("round %d: no etcd member leads", round)
 		}
 		killed := time.Now()
+		proxies[leader].Cut()
 		members[leader].Kill()
 		t.Logf("round %d: killed the leader m%d", round, leader)
 		time.Sleep(4 * time.Second) // the election, and load under the new leader
 		members[leader].Restart(t)
+		proxies[leader].Resume(t)
 		t.Logf("round %d: m%d back %v after its kill", round, leader, time.Since(killed).Round(time.Millisecond))
 		time.Sleep(time.Second)
 	}

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -18,6 +19,8 @@ type Proxy struct {
 	cut    bool
 	conns  []net.Conn
 	wg     sync.WaitGroup
+	// dropReplies: bytes from the server are read and discarded.
+	dropReplies atomic.Bool
 }
 
 // NewProxy starts a proxy to target ("HOST:PORT") on a free port of
@@ -53,6 +56,12 @@ func (p *Proxy) Resume(t testing.TB) {
 	p.l, p.cut, p.conns = l, false, nil
 	p.wg.Go(p.accept)
 }
+
+// DropReplies makes the proxy, while on is true, forward what clients send
+// and discard what the server answers: a request reaches the cluster and
+// commits, and its client never learns it (the answer lost as in a leader
+// election), so its outcome is unknown to the client.
+func (p *Proxy) DropReplies(on bool) { p.dropReplies.Store(on) }
 
 // Cut closes the listener and every forwarded connection and waits for the
 // forwarding goroutines; a second call is a no-op.
@@ -94,12 +103,26 @@ func (p *Proxy) accept() {
 		}
 		p.conns = append(p.conns, in, out)
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+		pipe := func(dst net.Conn, w io.Writer, src net.Conn) {
+			_, _ = io.Copy(w, src)
 			dst.Close()
 			src.Close()
 		}
-		p.wg.Go(func() { pipe(in, out) })
-		p.wg.Go(func() { pipe(out, in) })
+		p.wg.Go(func() { pipe(in, &replies{w: in, p: p}, out) })
+		p.wg.Go(func() { pipe(out, out, in) })
 	}
+}
+
+// replies writes the server's bytes to the client unless the proxy drops
+// them.
+type replies struct {
+	w io.Writer
+	p *Proxy
+}
+
+func (r *replies) Write(b []byte) (int, error) {
+	if r.p.dropReplies.Load() {
+		return len(b), nil
+	}
+	return r.w.Write(b)
 }
