@@ -494,11 +494,10 @@ func (s *store) reapLive() (_ []Lease, prune []string, err error) {
 	return ended, s.pruneCandidates(), nil
 }
 
-// pruneChunk is how many records one hold of mu prunes: 32, about a
-// millisecond here (each record file is renamed into the spare pool), so
-// that the calls waiting for mu meanwhile wait no longer than a change
-// takes. A prune of the records ended over a second of a busy store
-// (hundreds) held mu for tens of milliseconds at once.
+// pruneChunk is how many records one hold of mu prunes: 32 (each record
+// file is renamed into the spare pool), so that a call waiting for mu
+// meanwhile waits no longer than about one change takes, however many
+// records a prune removes.
 const pruneChunk = 32
 
 // pruneCandidates returns the ids of the oldest ended records beyond

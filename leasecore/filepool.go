@@ -29,16 +29,11 @@ const maxFreeFiles = 1024
 // then a crash may bring back the name that pointed to it, and the journal
 // entry that would repair that name is not yet on disk.
 //
-// Creating a file costs ten to twenty times what overwriting and renaming
-// one does on ext4 (an inode allocation) — more after many deletions on an
-// ext4 without a journal, whose allocator skips the inodes freed in the
-// last minutes: measured here, an empty file's creation took 40 µs of
-// system time on a quiet filesystem and 0.5–1.1 ms after tens of thousands
-// of files had been removed (perf: recently_deleted, find_inode_bit and
-// the inode table lookups they make) — and a lease cycle makes one new
-// record, so a background maker keeps a stock of new empty spares ready:
-// the change that needs a file takes one instead of creating it under the
-// store's mutex. The maker runs when the stock falls below spareLow, fills
+// Creating a file (an inode allocation) costs far more than overwriting
+// and renaming one, and most after many deletions (docs/MEASUREMENTS.md has
+// the figures); a lease cycle makes one new record, so a background maker
+// keeps a stock of new empty spares ready: the change that needs a file
+// takes one instead of creating it under the store's mutex. The maker runs when the stock falls below spareLow, fills
 // it to spareStock and ends; [filePool.stop] waits for it.
 //
 // free and inline are guarded by the store's recMu; made, making and

@@ -37,14 +37,16 @@ func (s *FileStore) publishWaiters(counts map[string]int) {
 }
 
 // waitersInterval is the shortest time between two rewrites of the waiters
-// file. A rewrite creates a file, and on a queue of 16 flock waiters one
-// per grant cut the grants per second by up to a third (each commit's fdatasync
-// took half again as long); the counts are advisory, so "leasefs ls" may
-// show them this much late.
+// file: a rewrite creates a file, whose cost lands on the commits that
+// share its disk, so a burst of grants must cost one rewrite, not one
+// each. The counts are advisory, so "leasefs ls" may show them this much
+// late.
 const waitersInterval = 100 * time.Millisecond
 
 // waitersWriter is the goroutine that writes the waiters file, started by
-// a writable store and stopped by close.
+// a writable store and stopped by close. mu guards next and pending; it is
+// a leaf lock, taken under the store's mu by publishWaiters and alone by
+// the writer, which never takes another lock while holding it.
 type waitersWriter struct {
 	mu      sync.Mutex
 	next    map[string]int // the counts to write

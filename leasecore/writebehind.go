@@ -30,10 +30,8 @@ import (
 // holding recMu alone, then takes mu again to retire what it wrote. So a
 // change arriving meanwhile waits for neither the writes nor the disk:
 // it only journals its record and leaves it lagging, with a newer
-// version, which a batch retires only when it wrote that version. (With
-// the writes under mu, the flusher was the largest holder that calls
-// waited for in the mutex profile of a lease cycle; now it is absent from
-// it.)
+// version, which a batch retires only when it wrote that version. No
+// record write, and no wait on the disk, ever happens under mu.
 const (
 	// recordLag is how long a written-behind record file may lag its
 	// journal entry while the flusher works: 100 ms.
