@@ -38,12 +38,12 @@ const syncfsRecords = 64
 // the next epoch takes the appends. Its fields are written by its goroutine
 // before done is closed and read after.
 type backgroundCheckpoint struct {
-	ids  []string // records changed in the finished epoch
-	hw   uint64   // generation mark journaled up to then
-	done chan struct{}
-	err  error
-	// wroteHW: the generation file now holds hw.
-	wroteHW bool
+	ids        []string // records changed in the finished epoch
+	generation uint64   // generation mark journaled up to then
+	done       chan struct{}
+	err        error
+	// wroteGeneration: the generation file now holds generation.
+	wroteGeneration bool
 }
 
 // jnl returns the active journal, nil for a read-only store.
@@ -131,8 +131,8 @@ func (s *FileStore) settleCheckpoint() error {
 			return c.err
 		}
 	}
-	if c.wroteHW {
-		s.hwSaved = max(s.hwSaved, c.hw)
+	if c.wroteGeneration {
+		s.savedGeneration = max(s.savedGeneration, c.generation)
 	}
 	s.ckpt = nil
 	return nil
@@ -161,7 +161,7 @@ func (s *FileStore) rotate() error {
 	}
 	s.prev = j
 	s.jr.Store(next)
-	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), hw: max(s.hwJournal, s.hw), done: make(chan struct{})}
+	c := &backgroundCheckpoint{ids: slices.Collect(maps.Keys(s.dirty)), generation: max(s.journaledGeneration, s.highGeneration), done: make(chan struct{})}
 	s.dirty = make(map[string]struct{})
 	s.ckpt = c
 	if s.cacheChanges >= len(s.leases)/2 {
@@ -170,15 +170,15 @@ func (s *FileStore) rotate() error {
 		// ("leasefs ls") keep reading few record files.
 		s.refreshRecordCache()
 	}
-	hwSaved := s.hwSaved
+	hwSaved := s.savedGeneration
 	go func() {
 		defer close(c.done)
 		if c.err = s.syncChanged(c.ids); c.err != nil {
 			return
 		}
-		if c.hw > hwSaved {
-			c.err = s.writeGeneration(c.hw)
-			c.wroteHW = c.err == nil
+		if c.generation > hwSaved {
+			c.err = s.writeGeneration(c.generation)
+			c.wroteGeneration = c.err == nil
 		}
 	}()
 	return nil
@@ -206,11 +206,11 @@ func (s *FileStore) fullCheckpoint() error {
 	// The generation file keeps the high-water mark of every lease ever
 	// granted, so that a record lost or damaged later cannot let its
 	// generation be granted again (fencing tokens only grow).
-	if hw := max(s.hwJournal, s.hw); hw > s.hwSaved {
-		if err := s.writeGeneration(hw); err != nil {
+	if g := max(s.journaledGeneration, s.highGeneration); g > s.savedGeneration {
+		if err := s.writeGeneration(g); err != nil {
 			return err
 		}
-		s.hwSaved = hw
+		s.savedGeneration = g
 	}
 	// The previous epoch first: while it is being reset, the active one
 	// still holds every entry it might be needed for.
@@ -295,9 +295,9 @@ func (s *FileStore) syncRecords(ids []string) error {
 	return nil
 }
 
-// writeGeneration replaces the generation file with hw durably.
-func (s *FileStore) writeGeneration(hw uint64) error {
-	data := []byte(strconv.FormatUint(hw, 10) + "\n")
+// writeGeneration replaces the generation file with g durably.
+func (s *FileStore) writeGeneration(g uint64) error {
+	data := []byte(strconv.FormatUint(g, 10) + "\n")
 	return writeFile(s.stFile, filepath.Join(s.state, generationName), data)
 }
 
@@ -379,10 +379,10 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 			if err != nil {
 				return err
 			}
-			e.disk = stamp
+			e.stamp = stamp
 		}
 	}
-	s.hw = max(s.hw, r.hw)
+	s.highGeneration = max(s.highGeneration, r.generation)
 	if s.opts.ReadOnly {
 		for _, j := range js {
 			if j != nil {
@@ -391,6 +391,6 @@ func (s *FileStore) replayJournal(now time.Time, mono time.Duration) error {
 		}
 		return nil
 	}
-	s.hwJournal = r.hw
+	s.journaledGeneration = r.generation
 	return nil
 }

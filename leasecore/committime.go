@@ -35,8 +35,8 @@ func (p markingPersister) removeRecords(ids []string) error {
 	return p.mark(func() error { return p.persister.removeRecords(ids) })
 }
 
-func (p markingPersister) saveGeneration(hw uint64) error {
-	return p.mark(func() error { return p.persister.saveGeneration(hw) })
+func (p markingPersister) saveGeneration(g uint64) error {
+	return p.mark(func() error { return p.persister.saveGeneration(g) })
 }
 
 func (p markingPersister) saveNamespaces(nss map[string]Namespace) error {

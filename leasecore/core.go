@@ -101,8 +101,8 @@ type persister interface {
 	writeRecord(l *Lease, tokenHash string) (recordStamp, error)
 	// removeRecords deletes the records of pruned leases durably.
 	removeRecords(ids []string) error
-	// saveGeneration records the generation high-water mark hw durably.
-	saveGeneration(hw uint64) error
+	// saveGeneration records the generation high-water mark g durably.
+	saveGeneration(g uint64) error
 	// saveNamespaces replaces the set of namespaces durably.
 	saveNamespaces(nss map[string]Namespace) error
 	// await returns once every change persisted so far is durable,
@@ -123,9 +123,9 @@ type entry struct {
 	hash  string
 	// hbMono is the heartbeat on the store's monotonic clock.
 	hbMono time.Duration
-	// disk is the stamp of the record file as last written or read; the
+	// stamp is the stamp of the record file as last written or read; the
 	// record cache holds lease only while it encodes to that content.
-	disk recordStamp
+	stamp recordStamp
 }
 
 // store is the lease engine shared by [FileStore] and [MemStore]: the index
@@ -135,11 +135,11 @@ type entry struct {
 // Lock order: mu, then the feed's and the subscribers' locks (publishing
 // under mu only appends to queues). Nothing is called back with mu held.
 type store struct {
-	mu     sync.Mutex
-	opts   Options
-	disk   persister
-	bootID string
-	closed bool
+	mu      sync.Mutex
+	opts    Options
+	persist persister
+	bootID  string
+	closed  bool
 
 	leases     map[string]*entry // by lease id, every loaded record
 	live       map[string]*entry // by resource, active leases only
@@ -151,8 +151,8 @@ type store struct {
 	served map[string]int
 	// unsynced holds leases ended in memory whose record could not be
 	// written yet (see endLocked).
-	unsynced map[string]*entry
-	hw       uint64 // highest generation granted
+	unsynced       map[string]*entry
+	highGeneration uint64 // highest generation granted
 	// dirtySince is when the oldest change not yet reported to
 	// Options.OnCommit began (zero: none).
 	dirtySince time.Time
@@ -168,7 +168,7 @@ type store struct {
 func newStore(opts Options, disk persister) *store {
 	s := &store{
 		opts:       opts,
-		disk:       disk,
+		persist:    disk,
 		bootID:     BootID(),
 		leases:     make(map[string]*entry),
 		live:       make(map[string]*entry),
@@ -179,7 +179,7 @@ func newStore(opts Options, disk persister) *store {
 		kick:       make(chan struct{}, 1),
 	}
 	if opts.OnCommit != nil {
-		s.disk = markingPersister{persister: disk, s: s}
+		s.persist = markingPersister{persister: disk, s: s}
 	}
 	return s
 }
@@ -194,7 +194,7 @@ func (s *store) unlock(err *error) {
 	since := s.dirtySince
 	s.dirtySince = time.Time{}
 	s.mu.Unlock()
-	_, werr := s.disk.await()
+	_, werr := s.persist.await()
 	if werr != nil {
 		if *err == nil {
 			*err = werr
@@ -300,7 +300,7 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 	l.Status = status
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	s.fillExpiry(&l)
-	stamp, err := s.disk.writeRecord(&l, e.hash)
+	stamp, err := s.persist.writeRecord(&l, e.hash)
 	if err != nil {
 		if !deferrable {
 			return err
@@ -312,7 +312,7 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 	s.dropLive(e)
 	e.lease = l
 	if err == nil {
-		e.disk = stamp
+		e.stamp = stamp
 	}
 	if status == StatusAbandoned {
 		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
@@ -340,7 +340,7 @@ func (s *store) handOff(resource string) {
 			return // ended a dead lease that handed off in turn
 		}
 		s.queues.remove(resource, w)
-		s.disk.publishWaiters(s.queues.counts())
+		s.persist.publishWaiters(s.queues.counts())
 		if err == nil {
 			g.Lease.Waiters = s.queues.count(resource)
 		}
@@ -356,11 +356,11 @@ func (s *store) handOff(resource string) {
 // holds mu.
 func (s *store) syncLocked() error {
 	for id, e := range s.unsynced {
-		stamp, err := s.disk.writeRecord(&e.lease, e.hash)
+		stamp, err := s.persist.writeRecord(&e.lease, e.hash)
 		if err != nil {
 			return err
 		}
-		e.disk = stamp
+		e.stamp = stamp
 		delete(s.unsynced, id)
 	}
 	return nil
@@ -428,7 +428,7 @@ func (s *store) Close() error {
 	s.closed = true
 	s.queues.wakeAll()
 	s.feed.Close()
-	s.disk.close()
+	s.persist.close()
 	return nil
 }
 
@@ -554,10 +554,10 @@ func (s *store) pruneSome(ids []string) (err error) {
 	if len(ids) == 0 {
 		return nil
 	}
-	if err := s.disk.saveGeneration(s.hw); err != nil {
+	if err := s.persist.saveGeneration(s.highGeneration); err != nil {
 		return err
 	}
-	if err := s.disk.removeRecords(ids); err != nil {
+	if err := s.persist.removeRecords(ids); err != nil {
 		return err
 	}
 	for _, id := range ids {

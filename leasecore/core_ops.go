@@ -113,7 +113,7 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 			// Interrupted or closed: leave the queue, and let the next
 			// waiter have the name if it is free.
 			s.queues.remove(d.Resource, w)
-			s.disk.publishWaiters(s.queues.counts())
+			s.persist.publishWaiters(s.queues.counts())
 			s.handOff(d.Resource)
 		}
 	}()
@@ -128,7 +128,7 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 			// as soon as it is free again.
 			w.done, w.grant = false, Grant{}
 			s.queues.pushFront(d.Resource, w)
-			s.disk.publishWaiters(s.queues.counts())
+			s.persist.publishWaiters(s.queues.counts())
 			s.handOff(d.Resource)
 			if w.done {
 				continue
@@ -145,7 +145,7 @@ func (s *store) acquireCommitted(ctx context.Context, d Draft, wait bool) (_ Gra
 		}
 		if w == nil {
 			w = s.queues.enqueue(d.Resource, d)
-			s.disk.publishWaiters(s.queues.counts())
+			s.persist.publishWaiters(s.queues.counts())
 		}
 		s.mu.Unlock()
 		select {
@@ -223,7 +223,7 @@ func (s *store) reserveLocked(d Draft) (Grant, error) {
 		Resource:    d.Resource,
 		Status:      StatusActive,
 		Mode:        d.Mode,
-		Generation:  s.hw + 1,
+		Generation:  s.highGeneration + 1,
 		HolderUID:   d.HolderUID,
 		HolderGID:   d.HolderGID,
 		HolderPID:   d.HolderPID,
@@ -236,12 +236,12 @@ func (s *store) reserveLocked(d Draft) (Grant, error) {
 		return Grant{}, err
 	}
 	hash := HashToken(token)
-	stamp, err := s.disk.writeRecord(&l, hash)
+	stamp, err := s.persist.writeRecord(&l, hash)
 	if err != nil {
 		return Grant{}, err
 	}
-	s.hw = l.Generation
-	e := &entry{lease: l, hash: hash, hbMono: s.opts.Clock.Mono(), disk: stamp}
+	s.highGeneration = l.Generation
+	e := &entry{lease: l, hash: hash, hbMono: s.opts.Clock.Mono(), stamp: stamp}
 	s.leases[l.ID] = e
 	s.addLive(e)
 	snap := s.snapshot(e)
@@ -304,11 +304,11 @@ func (s *store) Renew(ctx context.Context, id, token string, ann Annotations) (L
 			return err
 		}
 		l.HeartbeatAt = s.opts.Clock.Now().UTC()
-		stamp, err := s.disk.writeRecord(&l, e.hash)
+		stamp, err := s.persist.writeRecord(&l, e.hash)
 		if err != nil {
 			return err
 		}
-		e.lease, e.hbMono, e.disk = l, s.opts.Clock.Mono(), stamp
+		e.lease, e.hbMono, e.stamp = l, s.opts.Clock.Mono(), stamp
 		return nil
 	})
 }
@@ -361,11 +361,11 @@ func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, erro
 		if holderPID > 0 {
 			l.HolderPID = holderPID
 		}
-		stamp, err := s.disk.writeRecord(&l, e.hash)
+		stamp, err := s.persist.writeRecord(&l, e.hash)
 		if err != nil {
 			return err
 		}
-		e.lease, e.disk = l, stamp
+		e.lease, e.stamp = l, stamp
 		return nil
 	})
 }
@@ -382,11 +382,11 @@ func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequ
 		l.TakeoverRequestedBy = req.By
 		l.TakeoverRequestedAt = s.opts.Clock.Now().UTC()
 		l.TakeoverReason = req.Reason
-		stamp, err := s.disk.writeRecord(&l, e.hash)
+		stamp, err := s.persist.writeRecord(&l, e.hash)
 		if err != nil {
 			return err
 		}
-		e.lease, e.disk = l, stamp
+		e.lease, e.stamp = l, stamp
 		return nil
 	})
 }

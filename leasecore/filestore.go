@@ -43,12 +43,12 @@ const (
 // time (the daemon lock ensures it); read-only stores may coexist with it.
 type FileStore struct {
 	*store
-	state    string // the state directory
-	dir      string // state/writer-leases
-	lockFile *os.File
-	dirFile  *os.File // dir, opened for fsync
-	stFile   *os.File // state, opened for fsync
-	hwSaved  uint64   // value in the generation file
+	state           string // the state directory
+	dir             string // state/writer-leases
+	lockFile        *os.File
+	dirFile         *os.File // dir, opened for fsync
+	stFile          *os.File // state, opened for fsync
+	savedGeneration uint64   // value in the generation file
 	// jr holds the active journal of a writable store (nil when
 	// read-only); it is swapped under mu and read by await without it.
 	jr atomic.Pointer[journal]
@@ -99,9 +99,9 @@ type FileStore struct {
 	spares []string
 	// waiters writes the waiters file of a writable store.
 	waiters waitersWriter
-	// hwJournal is the generation mark last appended to the journal; the
+	// journaledGeneration is the generation mark last appended to the journal; the
 	// next checkpoint writes it to the generation file.
-	hwJournal uint64
+	journaledGeneration uint64
 	// minCached is the number of records from which the store keeps a
 	// record cache (recordcache.go): minCachedRecords, smaller in tests.
 	minCached int
@@ -233,7 +233,7 @@ func (s *FileStore) addLoaded(l Lease, hash string, now time.Time, mono time.Dur
 	s.fillExpiry(&e.lease)
 	e.hbMono = heartbeatMono(e.lease.HeartbeatAt, now, mono)
 	s.leases[l.ID] = e
-	s.hw = max(s.hw, e.lease.Generation)
+	s.highGeneration = max(s.highGeneration, e.lease.Generation)
 	return e
 }
 
@@ -438,8 +438,8 @@ func (s *FileStore) load() error {
 		if err != nil || n > MaxGeneration {
 			s.opts.Logger.Warn("ignoring corrupt generation file", "path", filepath.Join(s.state, generationName))
 		} else {
-			s.hwSaved = n
-			s.hw = max(s.hw, n)
+			s.savedGeneration = n
+			s.highGeneration = max(s.highGeneration, n)
 		}
 	}
 	if err := s.replayJournal(s.opts.Clock.Now(), s.opts.Clock.Mono()); err != nil {
@@ -535,13 +535,13 @@ func (s *FileStore) load() error {
 			// A record of the reference store: give it a generation so it
 			// has a fencing number and an inode of its own.
 			l := e.lease
-			l.Generation = s.hw + 1
-			stamp, err := s.disk.writeRecord(&l, e.hash)
+			l.Generation = s.highGeneration + 1
+			stamp, err := s.persist.writeRecord(&l, e.hash)
 			if err != nil {
 				return err
 			}
-			s.hw = l.Generation
-			e.lease, e.disk = l, stamp
+			s.highGeneration = l.Generation
+			e.lease, e.stamp = l, stamp
 		}
 	}
 	return nil
@@ -823,16 +823,16 @@ func (s *FileStore) removeRecords(ids []string) error {
 	return nil
 }
 
-// saveGeneration journals the generation high-water mark hw; the next
+// saveGeneration journals the generation high-water mark g; the next
 // checkpoint writes it to the generation file (persister).
-func (s *FileStore) saveGeneration(hw uint64) error {
-	if s.hwSaved >= hw || s.hwJournal >= hw {
+func (s *FileStore) saveGeneration(g uint64) error {
+	if s.savedGeneration >= g || s.journaledGeneration >= g {
 		return nil
 	}
 	if err := s.journalReady(); err != nil {
 		return err
 	}
-	s.jnl().append(entryGeneration, []byte(strconv.FormatUint(hw, 10)))
-	s.hwJournal = hw
+	s.jnl().append(entryGeneration, []byte(strconv.FormatUint(g, 10)))
+	s.journaledGeneration = g
 	return nil
 }

@@ -373,7 +373,7 @@ func (j *journal) close() error { return j.f.Close() }
 type replayState struct {
 	records map[string][]byte // lease id → the record's latest text
 	removed map[string]bool   // lease ids pruned after their last record
-	hw      uint64            // generation mark
+	generation      uint64            // generation mark
 }
 
 // replay folds entries into their final state. Malformed entries (which a
@@ -403,7 +403,7 @@ func replay(entries []journalEntry, bad func(reason string)) replayState {
 				bad("generation entry " + strconv.Quote(string(e.body)))
 				continue
 			}
-			r.hw = max(r.hw, n)
+			r.generation = max(r.generation, n)
 		default:
 			bad(fmt.Sprintf("unknown entry kind %q", e.kind))
 		}

@@ -246,19 +246,19 @@ func TestJournalGroupCommit(t *testing.T) {
 	for _, r := range []string{"x", "y", "z"} {
 		l := Lease{ID: NewLeaseID(), Resource: r, Status: StatusActive, Mode: ModeToken, Generation: 1,
 			StartedAt: clock.Now(), HeartbeatAt: clock.Now()}
-		if _, err := s.disk.writeRecord(&l, HashToken(NewToken())); err != nil {
+		if _, err := s.persist.writeRecord(&l, HashToken(NewToken())); err != nil {
 			s.mu.Unlock()
 			t.Fatal(err)
 		}
 	}
 	s.mu.Unlock()
-	if waited, err := s.disk.await(); err != nil || !waited {
+	if waited, err := s.persist.await(); err != nil || !waited {
 		t.Fatalf("await = %v, %v; want a commit", waited, err)
 	}
 	if n := s.jnl().commits() - before; n != 1 {
 		t.Errorf("three appended records took %d commits, want 1", n)
 	}
-	if waited, err := s.disk.await(); err != nil || waited {
+	if waited, err := s.persist.await(); err != nil || waited {
 		t.Errorf("await with nothing pending = %v, %v; want no commit", waited, err)
 	}
 }

@@ -25,7 +25,7 @@ const loadBatch = 256
 const freeAfterLoad = 10000
 
 // loadRecords reads and decodes the records among names (the entries of
-// the leases directory) into s.leases and raises s.hw. A record that cache
+// the leases directory) into s.leases and raises s.highGeneration. A record that cache
 // (the record cache, possibly nil) holds for a file whose stamp is
 // unchanged is decoded from the cache; any other is read from its file,
 // and counted in s.cacheMisses. Temporary files a crash left are removed
@@ -99,7 +99,7 @@ func (s *FileStore) loadRecords(names []string, cache *recordCache) error {
 	for _, es := range found {
 		for _, e := range es {
 			s.leases[e.lease.ID] = e
-			s.hw = max(s.hw, e.lease.Generation)
+			s.highGeneration = max(s.highGeneration, e.lease.Generation)
 		}
 	}
 	if total >= freeAfterLoad && !s.opts.ReadOnly {
@@ -149,7 +149,7 @@ func (s *FileStore) loadRecord(dirFD int, name string, buf []byte, intern func([
 		s.opts.Logger.Warn("skipping corrupt lease record", "path", filepath.Join(s.dir, name), "err", err)
 		return nil, buf
 	}
-	e.disk = stampOf(&st, data)
+	e.stamp = stampOf(&st, data)
 	return e, buf
 }
 
@@ -190,7 +190,7 @@ func (s *FileStore) loadCached(dirFD int, name string, entry func(int) (cachedRe
 		return nil
 	}
 	c.stamp.crc = crc32.Checksum(c.data, castagnoli)
-	e.disk = c.stamp
+	e.stamp = c.stamp
 	return e
 }
 

@@ -172,7 +172,7 @@ func (s *store) Mkdir(ctx context.Context, path string, uid, gid uint32) (_ Name
 	ns := Namespace{Path: path, UID: uid, GID: gid, CreatedAt: s.opts.Clock.Now().UTC().Truncate(time.Millisecond)}
 	next := maps.Clone(s.namespaces)
 	next[path] = ns
-	if err := s.disk.saveNamespaces(next); err != nil {
+	if err := s.persist.saveNamespaces(next); err != nil {
 		return Namespace{}, err
 	}
 	s.namespaces = next
@@ -208,7 +208,7 @@ func (s *store) Rmdir(ctx context.Context, path string) (err error) {
 	}
 	next := maps.Clone(s.namespaces)
 	delete(next, path)
-	if err := s.disk.saveNamespaces(next); err != nil {
+	if err := s.persist.saveNamespaces(next); err != nil {
 		return err
 	}
 	s.namespaces = next

@@ -405,11 +405,11 @@ func removeRecordCache(state string) error {
 // last written to or read from the file. A record ended in memory only, or
 // loaded from a hand-written file, is not cacheable.
 func cacheable(e *entry) ([]byte, bool) {
-	if e.disk.ino == 0 {
+	if e.stamp.ino == 0 {
 		return nil, false
 	}
 	data := encodeRecord(&e.lease, e.hash)
-	if len(data) != int(e.disk.size) || crc32.Checksum(data, castagnoli) != e.disk.crc {
+	if len(data) != int(e.stamp.size) || crc32.Checksum(data, castagnoli) != e.stamp.crc {
 		return nil, false
 	}
 	return data, true
@@ -429,7 +429,7 @@ func (s *FileStore) writeRecordCache() error {
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.leases)) {
 		if data, ok := cacheable(s.leases[id]); ok {
-			c.add(id, s.leases[id].disk, data)
+			c.add(id, s.leases[id].stamp, data)
 		}
 	}
 	return c.commit()
@@ -497,7 +497,7 @@ func (s *FileStore) writeCacheChunks(ids []string) error {
 		for _, id := range chunk {
 			if e := s.leases[id]; e != nil {
 				if data, ok := cacheable(e); ok {
-					items = append(items, item{id, e.disk, len(buf)})
+					items = append(items, item{id, e.stamp, len(buf)})
 					buf = append(buf, data...)
 				}
 			}

@@ -468,13 +468,13 @@ func TestPruneLetsTheMutexGoBetweenChunks(t *testing.T) {
 			newest = append(newest, g.Lease.ID)
 		}
 	}
-	spy := &pruneSpy{persister: s.disk, s: s.store, gotMuAt: make(chan int, 1)}
+	spy := &pruneSpy{persister: s.persist, s: s.store, gotMuAt: make(chan int, 1)}
 	s.mu.Lock()
-	s.disk = spy
+	s.persist = spy
 	s.mu.Unlock()
 	reap(t, s)
 	s.mu.Lock()
-	s.disk = spy.persister
+	s.persist = spy.persister
 	calls := slices.Clone(spy.calls)
 	s.mu.Unlock()
 

@@ -127,7 +127,7 @@ func (s *FileStore) flushLagging() error {
 		}
 		delete(s.lagging, id)
 		if e := s.leases[id]; e != nil {
-			e.disk = stamp
+			e.stamp = stamp
 		}
 	}
 	return nil
@@ -220,7 +220,7 @@ func (s *FileStore) retireBatch(b []batchRecord) bool {
 		case cur.version == r.version:
 			delete(s.lagging, r.id)
 			if e := s.leases[r.id]; e != nil {
-				e.disk = r.stamp
+				e.stamp = r.stamp
 			}
 		case cur.fresh:
 			// Changed again while being written: the file exists now.
