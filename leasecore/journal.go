@@ -371,9 +371,9 @@ func (j *journal) close() error { return j.f.Close() }
 // replayState is what a journal's entries say about the store, applied on
 // top of the records read from writer-leases.
 type replayState struct {
-	records map[string][]byte // lease id → the record's latest text
-	removed map[string]bool   // lease ids pruned after their last record
-	generation      uint64            // generation mark
+	records    map[string][]byte // lease id → the record's latest text
+	removed    map[string]bool   // lease ids pruned after their last record
+	generation uint64            // generation mark
 }
 
 // replay folds entries into their final state. Malformed entries (which a
