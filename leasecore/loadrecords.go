@@ -1,13 +1,17 @@
 package leasecore
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -284,4 +288,160 @@ func openat(dirFD int, name string) (int, error) {
 		}
 		return fd, nil
 	}
+}
+
+// load reads every record, the namespaces and the generation mark.
+func (s *FileStore) load() error {
+	var unlock func()
+	if s.opts.ReadOnly {
+		unlock = s.readLock()
+	} else {
+		s.recMu.Lock()
+		defer s.recMu.Unlock()
+		var err error
+		if unlock, err = s.flock(unix.LOCK_EX); err != nil {
+			return err
+		}
+		// The records load settles are written under these holds.
+		s.loading = true
+		defer func() { s.loading = false }()
+	}
+	defer unlock()
+
+	names, err := readNames(int(s.dirFile.Fd()))
+	if err != nil {
+		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	if !s.opts.ReadOnly {
+		names = s.splitSpares(names)
+	}
+	if _, err := s.dirFile.Seek(0, 0); err != nil {
+		return fmt.Errorf("leasecore: list records: %w", err)
+	}
+	// After the listing: a cache far larger than the records it could
+	// hold is refused before it is mapped.
+	cache, err := readRecordCache(s.state, len(names))
+	if err != nil {
+		s.opts.Logger.Warn("ignoring the record cache: every record is read from its file", "err", err)
+	}
+	err = s.loadRecords(names, cache)
+	s.cacheCurrent = cache != nil && s.cacheMisses == 0
+	cache.close()
+	if err != nil {
+		return err
+	}
+	if data, err := readStateFile(filepath.Join(s.state, generationName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.opts.Logger.Warn("ignoring unreadable generation file", "path", filepath.Join(s.state, generationName), "err", err)
+	} else if err == nil {
+		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil || n > MaxGeneration {
+			s.opts.Logger.Warn("ignoring corrupt generation file", "path", filepath.Join(s.state, generationName))
+		} else {
+			s.savedGeneration = n
+			s.highGeneration = max(s.highGeneration, n)
+		}
+	}
+	if err := s.replayJournal(s.opts.Clock.Now(), s.opts.Clock.Mono()); err != nil {
+		return err
+	}
+	if !s.opts.ReadOnly {
+		// Temporary files of the generation, namespaces and record cache
+		// files left by a crash mid-write.
+		for _, pattern := range []string{"." + generationName + "*", "." + namespacesName + "*", "." + recordCacheName + "*"} {
+			leftovers, _ := filepath.Glob(filepath.Join(s.state, pattern))
+			for _, p := range leftovers {
+				_ = os.Remove(p)
+			}
+		}
+	}
+	if err := s.loadNamespaces(); err != nil {
+		return err
+	}
+	switch {
+	case !s.opts.ReadOnly:
+		s.removeWaiters()
+	case !s.opts.NoDaemon:
+		s.served = s.loadWaiters()
+	}
+
+	// Index active leases. Two active records for one resource cannot both
+	// be live: the newer (by generation, then start, then id) wins, whatever
+	// the order of the directory.
+	order := func(a, b *entry) int {
+		return cmp.Or(cmp.Compare(a.lease.Generation, b.lease.Generation),
+			a.lease.StartedAt.Compare(b.lease.StartedAt), strings.Compare(a.lease.ID, b.lease.ID))
+	}
+	var settle []*entry // active entries a writable store must end or rewrite
+	if len(s.live) == 0 {
+		// Most loaded records are live ones: size the index once rather
+		// than growing it through every doubling.
+		s.live = make(map[string]*entry, len(s.leases))
+	}
+	for _, e := range s.leases {
+		if e.lease.Status != StatusActive {
+			continue
+		}
+		if prev := s.live[e.lease.Resource]; prev != nil {
+			if order(prev, e) > 0 {
+				settle = append(settle, e)
+				continue
+			}
+			s.dropLive(prev)
+			settle = append(settle, prev)
+		}
+		s.addLive(e)
+		if s.opts.ReadOnly && e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host && s.opts.HandleHolders != nil {
+			// A reader shows a handle lease of a previous daemon that a
+			// process still holds as such (docs/PROTOCOL.md §2).
+			if pids := s.opts.HandleHolders(e.lease); len(pids) > 0 {
+				e.lease.Daemon, e.lease.HolderPIDs = DaemonPrevious, FormatPIDs(pids)
+			}
+		}
+		if e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host || e.lease.Generation == 0 {
+			settle = append(settle, e)
+		}
+	}
+	if s.opts.ReadOnly {
+		return nil
+	}
+	// Settle duplicates and leftovers of a previous daemon in generation
+	// order, so that the outcome (the generations given) is deterministic.
+	slices.SortFunc(settle, order)
+	settle = slices.Compact(settle)
+	for _, e := range settle {
+		switch {
+		case s.live[e.lease.Resource] != e:
+			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "superseded by a newer active record", true); err != nil {
+				return err
+			}
+		case e.lease.Mode == ModeHandle && e.lease.Host == s.opts.Host:
+			// A daemon ends only its own previous handle leases, and only
+			// those whose open file no process holds any more
+			// (docs/PROTOCOL.md §2).
+			if s.opts.HandleHolders != nil {
+				if pids := s.opts.HandleHolders(e.lease); len(pids) > 0 {
+					e.lease.Daemon, e.lease.HolderPIDs = DaemonPrevious, FormatPIDs(pids)
+					s.opts.Logger.Info("handle lease kept", "resource", e.lease.Resource, "lease", e.lease.ID,
+						"generation", e.lease.Generation, "holder_pids", e.lease.HolderPIDs,
+						"reason", "a process still holds the open file it was locked on")
+					continue
+				}
+			}
+			if err := s.endLocked(e, e.lease, StatusAbandoned, ChangeExpired, "handle lease of a previous daemon", true); err != nil {
+				return err
+			}
+		case e.lease.Generation == 0:
+			// A record of the reference store: give it a generation so it
+			// has a fencing number and an inode of its own.
+			l := e.lease
+			l.Generation = s.highGeneration + 1
+			stamp, err := s.persist.writeRecord(&l, e.hash)
+			if err != nil {
+				return err
+			}
+			s.highGeneration = l.Generation
+			e.lease, e.stamp = l, stamp
+		}
+	}
+	return nil
 }
