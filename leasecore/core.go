@@ -1,11 +1,9 @@
 package leasecore
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 )
@@ -203,37 +201,6 @@ func (s *store) unlock(err *error) {
 	}
 	if !since.IsZero() && *err == nil && s.opts.OnCommit != nil {
 		s.opts.OnCommit(time.Since(since))
-	}
-}
-
-// startReaper runs the reaper until Close: every ReapInterval, and at once
-// when a read found a dead lease, it ends dead leases and prunes history.
-func (s *store) startReaper() {
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stopReaper, s.reaped = cancel, make(chan struct{})
-	go func() {
-		defer close(s.reaped)
-		tick := time.NewTicker(s.opts.ReapInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			case <-s.kick:
-			}
-			if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
-				s.opts.Logger.Error("reap failed", "err", err)
-			}
-		}
-	}()
-}
-
-// wakeReaper asks the reaper to run soon; it never blocks.
-func (s *store) wakeReaper() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
 	}
 }
 
@@ -455,114 +422,4 @@ func (s *store) snapshot(e *entry) Lease {
 		l.Waiters = s.queues.count(l.Resource) + s.served[l.Resource]
 	}
 	return l
-}
-
-// Reap ends every dead lease as abandoned, publishing each end, and prunes
-// history beyond Options.HistoryKeep, a chunk per hold of the mutex (it
-// stops between chunks once ctx is done); it returns the leases it ended.
-// The store's reaper calls it; tests call it to reap at once. Errors: ErrClosed,
-// ErrReadOnly, *PersistError from pruning.
-func (s *store) Reap(ctx context.Context) ([]Lease, error) {
-	ended, prune, err := s.reapLive()
-	if err != nil {
-		return ended, err
-	}
-	return ended, s.prune(ctx, prune)
-}
-
-// reapLive is the first step of Reap, under one hold of mu: it ends the
-// dead leases and returns them, with the ids of the ended records that
-// pruning removes (the oldest beyond HistoryKeep, oldest first).
-func (s *store) reapLive() (_ []Lease, prune []string, err error) {
-	if err := s.begin(true); err != nil {
-		return nil, nil, err
-	}
-	defer s.unlock(&err)
-	if err := s.syncLocked(); err != nil {
-		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
-	}
-	var ended []Lease
-	for _, e := range s.live {
-		live, err := s.checkLive(e)
-		if err != nil {
-			return ended, nil, err
-		}
-		if !live {
-			ended = append(ended, s.snapshot(e))
-		}
-	}
-	return ended, s.pruneCandidates(), nil
-}
-
-// pruneChunk is how many records one hold of mu prunes: 32 (each record
-// file is renamed into the spare pool), so that a call waiting for mu
-// meanwhile waits no longer than about one change takes, however many
-// records a prune removes.
-const pruneChunk = 32
-
-// pruneCandidates returns the ids of the oldest ended records beyond
-// HistoryKeep, oldest first (by completion time, then generation). The
-// caller holds mu.
-func (s *store) pruneCandidates() []string {
-	var ended []*entry
-	for _, e := range s.leases {
-		if e.lease.Status != StatusActive {
-			ended = append(ended, e)
-		}
-	}
-	excess := len(ended) - s.opts.HistoryKeep
-	if excess <= 0 {
-		return nil
-	}
-	slices.SortFunc(ended, func(a, b *entry) int {
-		return cmp.Or(a.lease.CompletedAt.Compare(b.lease.CompletedAt), cmp.Compare(a.lease.Generation, b.lease.Generation))
-	})
-	ids := make([]string, excess)
-	for i, e := range ended[:excess] {
-		ids[i] = e.lease.ID
-	}
-	return ids
-}
-
-// prune removes the ended records ids, pruneChunk of them per hold of mu,
-// after persisting the generation high-water mark so that no generation is
-// ever granted twice (docs/PROTOCOL.md §1). An id no longer held by then
-// is skipped. It stops between chunks once ctx is done (the store is
-// closing). Errors: ErrClosed, *PersistError; the records not yet removed
-// stay, and the next prune retries them.
-func (s *store) prune(ctx context.Context, ids []string) error {
-	for len(ids) > 0 && ctx.Err() == nil {
-		n := min(len(ids), pruneChunk)
-		if err := s.pruneSome(ids[:n]); err != nil {
-			return err
-		}
-		ids = ids[n:]
-	}
-	return nil
-}
-
-// pruneSome is one chunk of prune, under one hold of mu.
-func (s *store) pruneSome(ids []string) (err error) {
-	if err := s.begin(true); err != nil {
-		return err
-	}
-	defer s.unlock(&err)
-	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
-		e := s.leases[id]
-		return e == nil || e.lease.Status == StatusActive
-	})
-	if len(ids) == 0 {
-		return nil
-	}
-	if err := s.persist.saveGeneration(s.highGeneration); err != nil {
-		return err
-	}
-	if err := s.persist.removeRecords(ids); err != nil {
-		return err
-	}
-	for _, id := range ids {
-		delete(s.leases, id)
-		delete(s.unsynced, id)
-	}
-	return nil
 }
