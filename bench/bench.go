@@ -114,7 +114,9 @@ func parseClients(list string) ([]int, error) {
 	return out, nil
 }
 
-// moduleRoot returns the directory of the go.mod that holds this command.
+// moduleRoot returns the directory of the leasefs module whose daemon this
+// command measures: the parent of the bench module (bench/go.mod), which
+// replaces the product by it.
 func moduleRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -122,9 +124,13 @@ func moduleRoot() (string, error) {
 	}
 	gomod := strings.TrimSpace(string(out))
 	if gomod == "" || gomod == os.DevNull {
-		return "", fmt.Errorf("not inside the leasefs module (go env GOMOD is empty): run from the repository")
+		return "", fmt.Errorf("not inside the bench module (go env GOMOD is empty): run it as cd bench && go run .")
 	}
-	return filepath.Dir(gomod), nil
+	root := filepath.Dir(filepath.Dir(gomod))
+	if data, err := os.ReadFile(filepath.Join(root, "go.mod")); err != nil || !strings.HasPrefix(string(data), "module github.com/leasefs/leasefs\n") {
+		return "", fmt.Errorf("%s is not the leasefs module: run the bench from its bench/ directory", root)
+	}
+	return root, nil
 }
 
 // bench holds one run: its temporary directory, the services it started

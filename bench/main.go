@@ -4,7 +4,7 @@
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D] [-profile DIR [-trace]]
+//	cd bench && go run . [-quick] [-only REGEX] [-out DIR] [-duration D] [-warmup D] [-profile DIR [-trace]]
 //
 // It builds the daemon from the current tree, mounts it on a temporary
 // directory and drives it with real system calls from 1, 4, 16 and 64
