@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// The documentation tests run the code of README.md and docs/RECIPES.md as
+// The documentation tests run the code of the documents in docFiles as
 // it is written. A fenced code block is claimed by an HTML comment on the
 // line right before its opening fence:
 //
@@ -41,7 +41,7 @@ import (
 
 // docFiles are the documents whose code blocks are tested, relative to the
 // module root.
-var docFiles = []string{"README.md", "docs/RECIPES.md"}
+var docFiles = []string{"README.md", "docs/RECIPES.md", "docs/OPERATIONS.md", "CONTRIBUTING.md"}
 
 // docMount is the mountpoint the documents use; tests substitute their own.
 const docMount = "/mnt/leases"

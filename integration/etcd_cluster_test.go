@@ -447,7 +447,7 @@ func TestEtcdCutOffHolder(t *testing.T) {
 	a.stop(false)
 }
 
-// Through etcd's gRPC proxy (README, "Laying out a fleet"): two mounts that
+// Through etcd's gRPC proxy (docs/OPERATIONS.md, "Laying out a fleet"): two mounts that
 // reach the cluster only through one `etcd grpc-proxy` exclude each other
 // (a create and a flock), and a blocking flock on one is granted when the
 // holder on the other exits: reservations, keep-alives and the watch all

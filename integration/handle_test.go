@@ -887,7 +887,7 @@ sys.stdin.read()
 // granted the name: docs/PROTOCOL.md §6 re-binds that open file to the granted lease, so it reads the new
 // lease's status document, and fstat and fgetxattr on it describe the new lease. Its st_ino
 // stays the inode it was opened on (the kernel keeps an open file's inode; every lease has an
-// inode of its own), as documented in README.
+// inode of its own), as documented in docs/OPERATIONS.md ("Handle leases in detail").
 func TestGrantedWaiterDescriptor(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})

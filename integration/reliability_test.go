@@ -363,7 +363,7 @@ func TestReliabilityDaemonCrash(t *testing.T) {
 
 // TestReliabilityWaiterFstat is the case the flock(1) clients of the
 // mutual-exclusion run found: a waiter granted the name is re-bound to its new
-// lease, and fstat through its descriptor must describe that lease (README,
+// lease, and fstat through its descriptor must describe that lease (docs/OPERATIONS.md,
 // "Handle leases") even while other descriptors are open on the inode it
 // opened — another waiter's, or a plain reader's. The kernel sends fstat per
 // inode, not per descriptor, so the plain reader's fstat describes the same

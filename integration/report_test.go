@@ -11,7 +11,7 @@ import (
 )
 
 // reportEnv names the file that [writeReport] writes the reliability table
-// to, e.g. LEASEFS_REPORT=RELIABILITY.md (README: reliability suite).
+// to, e.g. LEASEFS_REPORT=RELIABILITY.md (CONTRIBUTING.md, "Reliability suite").
 const reportEnv = "LEASEFS_REPORT"
 
 // figure is one measured number of the reliability suite.

@@ -275,7 +275,7 @@ func Run(ctx context.Context, opts Options) error {
 		// build an inode for it, and with zero entry and attribute
 		// timeouts the kernel cannot reuse any of it: a stat after the
 		// listing asks again. Plain READDIR lists 100,000 names in a
-		// fraction of the time (docs/ARCHITECTURE.md, scaling).
+		// fraction of the time (docs/ARCHITECTURE.md, "How loading scales").
 		DisableReadDirPlus: true,
 		// Every read is answered from memory (a token, a status
 		// document). With splicing on, go-fuse first writes the reply's

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Every test of leasefs (CONTRIBUTING.md, "Running the tests"): the whole
+# module with the race detector, including the FUSE integration tests and
+# the reliability suite, then the bench module's tests, then the integration suite on the etcd store of a
+# separately installed etcd server (Debian's etcd-server).
+set -euo pipefail
+cd "$(dirname "$0")"
+go test -race -count=1 -timeout 25m ./...
+(cd bench && go test -race -count=1 -timeout 10m ./...)
+LEASEFS_TEST_STORE=etcd-server go test -race -count=1 -timeout 15m -skip 'Reliability|Scale|Etcd|Bench' ./integration/
