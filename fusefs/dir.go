@@ -113,15 +113,15 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if err := leasecore.ValidateName(name); err != nil {
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
+	if d.fsys.self.self(callerTID(ctx)) {
+		return d.selfLookup(ctx, resource, out)
+	}
 	ns, l, err := leasecore.ReadName(ctx, d.fsys.store, resource)
 	if ns != nil {
 		return d.childDir(ctx, *ns, out), 0
 	}
 	switch {
 	case errors.Is(err, leasecore.ErrNotFound):
-		if ended, ok := d.selfLookup(ctx, resource); ok {
-			return d.childLease(ctx, ended, out), 0
-		}
 		return nil, syscall.ENOENT
 	case err != nil:
 		// Not a missing name: the store failed (a commit, a cluster
@@ -231,14 +231,22 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	return 0
 }
 
-// selfLookup answers a LOOKUP of the daemon's self-unlink worker for a
-// name without a live lease: the ended lease being unlinked, so that the
-// kernel keeps the entry that the UNLINK then removes (see selfUnlinker).
-func (d *dirNode) selfLookup(ctx context.Context, resource string) (leasecore.Lease, bool) {
-	if !d.fsys.self.self(callerTID(ctx)) {
-		return leasecore.Lease{}, false
+// selfLookup answers a LOOKUP of the daemon's self-unlink worker from what
+// the store already knows ([leasecore.Known]: no round trip to an etcd
+// cluster, so that a self-unlink costs the store nothing): a live lease on
+// the name (granted again after the end) as any lookup would, which the
+// worker's UNLINK then refuses; otherwise the ended lease being unlinked,
+// so that the kernel keeps the entry that the UNLINK removes (see
+// selfUnlinker). ENOENT when the worker has no end of that name.
+func (d *dirNode) selfLookup(ctx context.Context, resource string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if l, live, _ := leasecore.Known(ctx, d.fsys.store, resource); live {
+		d.fsys.lookups.found(callerTID(ctx), resource, l.ID)
+		return d.childLease(ctx, l, out), 0
 	}
-	return d.fsys.self.ended(resource)
+	if ended, ok := d.fsys.self.ended(resource); ok {
+		return d.childLease(ctx, ended, out), 0
+	}
+	return nil, syscall.ENOENT
 }
 
 // selfUnlink answers an UNLINK of the daemon's self-unlink worker: it ends
