@@ -114,7 +114,10 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, d.fsys.refuse("lookup", resource, callerOf(ctx), toErrno(err), err)
 	}
 	if d.fsys.self.self(callerTID(ctx)) {
-		return d.selfLookup(ctx, resource, out)
+		if node, ok := d.selfLookup(ctx, resource, out); ok {
+			return node, 0
+		}
+		// A namespace on the worker's path: looked up as by anyone.
 	}
 	ns, l, err := leasecore.ReadName(ctx, d.fsys.store, resource)
 	if ns != nil {
@@ -237,16 +240,17 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 // the name (granted again after the end) as any lookup would, which the
 // worker's UNLINK then refuses; otherwise the ended lease being unlinked,
 // so that the kernel keeps the entry that the UNLINK removes (see
-// selfUnlinker). ENOENT when the worker has no end of that name.
-func (d *dirNode) selfLookup(ctx context.Context, resource string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// selfUnlinker). It reports false for any other name (a namespace on the
+// worker's path), which is looked up as usual.
+func (d *dirNode) selfLookup(ctx context.Context, resource string, out *fuse.EntryOut) (*fs.Inode, bool) {
 	if l, live, _ := leasecore.Known(ctx, d.fsys.store, resource); live {
 		d.fsys.lookups.found(callerTID(ctx), resource, l.ID)
-		return d.childLease(ctx, l, out), 0
+		return d.childLease(ctx, l, out), true
 	}
 	if ended, ok := d.fsys.self.ended(resource); ok {
-		return d.childLease(ctx, ended, out), 0
+		return d.childLease(ctx, ended, out), true
 	}
-	return nil, syscall.ENOENT
+	return nil, false
 }
 
 // selfUnlink answers an UNLINK of the daemon's self-unlink worker: it ends
