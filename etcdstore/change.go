@@ -93,24 +93,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 // the cluster answers, if its live key is still l's: for a handle lease
 // that ended for this store while the cluster could not be told.
 func (s *Store) removeLater(l leasecore.Lease) {
-	s.wg.Go(func() {
-		for s.bg.Err() == nil {
-			r, err := s.getLive(background(s.bg), l.Resource)
-			if err == nil {
-				if r != nil && r.l.ID == l.ID {
-					if _, err = s.end(background(s.bg), r, l, leasecore.StatusAbandoned, chExpired); errors.Is(err, errRaced) {
-						continue
-					}
-				}
-				if err == nil {
-					return
-				}
-			}
-			if !s.sleep(time.Second) {
-				return
-			}
-		}
-	})
+	s.endLater(l.Resource, func(r *rec) (leasecore.Lease, bool) { return l, r.l.ID == l.ID }, "")
 }
 
 // endUnboundLater ends lease id of resource in the background once the
@@ -121,19 +104,35 @@ func (s *Store) removeLater(l leasecore.Lease) {
 // A lease still a token lease, ended, or bound again since (this store
 // owns it then) is left alone.
 func (s *Store) endUnboundLater(id, resource string) {
+	s.endLater(resource, func(r *rec) (leasecore.Lease, bool) {
+		return r.l, r.l.ID == id && r.l.Mode == leasecore.ModeHandle && !s.OwnsHandle(id)
+	}, "bound while the cluster did not answer, and held by no open file")
+}
+
+// endLater reads resource's live record once the cluster answers (trying
+// every second until the store closes) and, when which accepts it, ends it
+// as abandoned, recorded as the lease which returns, logging reason when
+// it is not empty; a record that changed meanwhile is read again.
+func (s *Store) endLater(resource string, which func(r *rec) (leasecore.Lease, bool), reason string) {
 	s.wg.Go(func() {
 		for s.bg.Err() == nil {
 			r, err := s.getLive(background(s.bg), resource)
 			if err == nil {
-				if r == nil || r.l.ID != id || r.l.Mode != leasecore.ModeHandle || s.OwnsHandle(id) {
+				l, ok := leasecore.Lease{}, false
+				if r != nil {
+					l, ok = which(r)
+				}
+				if !ok {
 					return
 				}
-				l, err := s.end(background(s.bg), r, r.l, leasecore.StatusAbandoned, chExpired)
+				ended, err := s.end(background(s.bg), r, l, leasecore.StatusAbandoned, chExpired)
 				if errors.Is(err, errRaced) {
 					continue
 				}
 				if err == nil {
-					s.logEnd(l, "bound while the cluster did not answer, and held by no open file")
+					if reason != "" {
+						s.logEnd(ended, reason)
+					}
 					return
 				}
 			}
