@@ -369,6 +369,8 @@ func memfsMain(args []string) error {
 		MountOptions: fuse.MountOptions{
 			FsName: "benchmemfs", Name: "benchmemfs", Options: []string{"default_permissions"},
 			DirectMount: os.Geteuid() == 0, EnableLocks: true,
+			// As leasefs mounts: O_TRUNC arrives in the OPEN, no SETATTR.
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
 		},
 	})
 	if err != nil {

@@ -102,7 +102,7 @@ func (d *dirNode) attrFrom(ns leasecore.Namespace, a *fuse.Attr, ino uint64) err
 // childLease returns the inode of lease l below d.
 func (d *dirNode) childLease(ctx context.Context, l leasecore.Lease, out *fuse.EntryOut) *fs.Inode {
 	d.fsys.fillLeaseAttr(l, &out.Attr)
-	node := &leaseNode{fsys: d.fsys, id: l.ID, resource: l.Resource}
+	node := &leaseNode{fsys: d.fsys, id: l.ID, resource: l.Resource, holderUID: l.HolderUID, holderGID: l.HolderGID}
 	return d.NewInode(ctx, node, fs.StableAttr{Mode: syscall.S_IFREG, Ino: leaseIno(l)})
 }
 

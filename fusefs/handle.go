@@ -77,6 +77,21 @@ func (h *leaseHandle) leaseID() string {
 	return h.id
 }
 
+// lease returns the handle's lease: ESTALE with the lease as it ended once
+// it has (as the node knows it, should the store no longer keep it).
+func (h *leaseHandle) lease(ctx context.Context) (leasecore.Lease, syscall.Errno) {
+	l, err := h.fsys.store.Load(ctx, h.leaseID())
+	switch {
+	case errors.Is(err, leasecore.ErrNotFound):
+		return h.node.ended(), syscall.ESTALE
+	case err != nil:
+		return l, toErrno(err)
+	case !l.Live():
+		return l, syscall.ESTALE
+	}
+	return l, 0
+}
+
 // live returns the handle's lease if it is still live, ESTALE otherwise.
 // A call of the lease's holder waits while the lease is in jeopardy
 // ([FS.awaitKept]; EINTR when interrupted meanwhile).

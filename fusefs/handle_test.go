@@ -206,8 +206,9 @@ func TestExpiry(t *testing.T) {
 	}
 	e.clock.Advance(time.Second)
 
-	if errno := n.Getattr(ctx, nil, &aout); errno != syscall.ESTALE {
-		t.Errorf("Getattr after expiry = %v, want ESTALE", errno)
+	// fstat never answers ESTALE: the ended lease, unlinked (docs/PROTOCOL.md §3).
+	if errno := n.Getattr(ctx, nil, &aout); errno != 0 || aout.Nlink != 0 || aout.Ino != oldIno {
+		t.Errorf("Getattr after expiry = %v, nlink %d, ino %d; want the ended lease: nlink 0, ino %d", errno, aout.Nlink, aout.Ino, oldIno)
 	}
 	if _, errno := read(ctx, h, 4096, 0); errno != syscall.ESTALE {
 		t.Errorf("Read after expiry = %v, want ESTALE", errno)
@@ -235,8 +236,16 @@ func TestExpiry(t *testing.T) {
 	if _, errno := read(ctx, h, 4096, 0); errno != syscall.ESTALE {
 		t.Errorf("old handle after re-reserve = %v, want ESTALE", errno)
 	}
-	if errno := n.Getattr(ctx, nil, &aout); errno != syscall.ESTALE {
-		t.Errorf("old node after re-reserve = %v, want ESTALE", errno)
+	if errno := n.Getattr(ctx, nil, &aout); errno != 0 || aout.Nlink != 0 || aout.Uid != uidAlice {
+		t.Errorf("old node after re-reserve = %v, nlink %d, uid %d; want alice's ended lease, nlink 0", errno, aout.Nlink, aout.Uid)
+	}
+	var sout fuse.AttrOut
+	in := &fuse.SetAttrIn{SetAttrInCommon: fuse.SetAttrInCommon{Valid: fuse.FATTR_SIZE}}
+	if errno := n.Setattr(ctx, h, in, &sout); errno != 0 || sout.Nlink != 0 {
+		t.Errorf("ftruncate(0) through the ended lease's handle = %v, nlink %d; want a no-op, nlink 0", errno, sout.Nlink)
+	}
+	if errno := n.Setattr(as(uidBob), h, in, &sout); errno != syscall.EPERM {
+		t.Errorf("truncate of alice's ended lease by bob = %v, want EPERM", errno)
 	}
 }
 

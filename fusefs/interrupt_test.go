@@ -359,3 +359,37 @@ func TestRawFSOverridesEveryCancellableRequest(t *testing.T) {
 		}
 	}
 }
+
+// A wait parked again for the same lock owner just as the earlier parked
+// wait's timer fired (its function has not taken that wait yet) abandons
+// the earlier wait exactly once, and keeps the new one: a lease granted to
+// the earlier wait is never left to nobody.
+func TestParkAgainAsTheTimerFiresAbandonsTheEarlierWait(t *testing.T) {
+	var p parkedWaits
+	timers := &manualTimers{}
+	abandoned := make(chan *lockWait, 4)
+	abandon := func(w *lockWait) { abandoned <- w }
+	owner := waitOwner{owner: 7}
+	first, second := &lockWait{}, &lockWait{}
+	p.park(owner, first, restartWindow, timers.after, abandon)
+	fired := timers.timers[0]
+	fired.Stop() // the timer fired; its function runs below, late
+	p.park(owner, second, restartWindow, timers.after, abandon)
+	fired.fn()
+	select {
+	case w := <-abandoned:
+		if w != first {
+			t.Fatalf("abandoned %p, want the first wait %p", w, first)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first wait was never abandoned")
+	}
+	if w := p.resume(owner); w != second {
+		t.Fatalf("resume = %p, want the second wait %p", w, second)
+	}
+	select {
+	case w := <-abandoned:
+		t.Fatalf("a second abandon of %p", w)
+	default:
+	}
+}

@@ -25,6 +25,9 @@ type leaseNode struct {
 	fsys     *FS
 	id       string
 	resource string
+	// holderUID and holderGID are the lease's holder, for the attributes
+	// of an ended lease that the store no longer keeps (see ended).
+	holderUID, holderGID uint32
 
 	mu sync.Mutex
 	// handles are the open files of this inode, which a granted lock may
@@ -42,9 +45,13 @@ var (
 	_ = (fs.NodeRemovexattrer)((*leaseNode)(nil))
 )
 
-// live returns the node's lease if it is still live.
+// live returns the node's lease if it is still live; ESTALE with the
+// lease as it ended otherwise (see ended).
 func (n *leaseNode) live(ctx context.Context) (leasecore.Lease, syscall.Errno) {
 	l, err := n.fsys.store.Load(ctx, n.id)
+	if errors.Is(err, leasecore.ErrNotFound) {
+		return n.ended(), syscall.ESTALE
+	}
 	if err != nil {
 		return l, toErrno(err)
 	}
@@ -100,66 +107,102 @@ func (n *leaseNode) currentKept(ctx context.Context, op string) (leasecore.Lease
 	}
 }
 
-// Getattr returns the lease's attributes (docs/PROTOCOL.md §3 stat row); ESTALE once it
-// has ended, unless an open file of the inode was re-bound (see current);
-// st_ino stays the inode's.
+// ended returns what the node knows of its lease once the store no longer
+// keeps it (history pruned, or an etcd store that forgot an ended lease):
+// an ended lease of the node's holder, for the attributes of an unlinked
+// file.
+func (n *leaseNode) ended() leasecore.Lease {
+	return leasecore.Lease{
+		ID:        n.id,
+		Resource:  n.resource,
+		Status:    leasecore.StatusAbandoned,
+		HolderUID: n.holderUID,
+		HolderGID: n.holderGID,
+	}
+}
+
+// Getattr returns the lease's attributes (docs/PROTOCOL.md §3 stat row).
+// It never answers ESTALE: once the node's lease has ended it shows the
+// live lease that one of its open files was re-bound to (see current),
+// else, to a caller in an open system call, what that open will reach
+// (see opening), else the lease as it ended with st_nlink 0, like an
+// unlinked file, so that fstat and lseek(SEEK_END) right after an open
+// succeed whatever ended meanwhile (Python's open(path, "a+")). st_ino
+// stays the inode's.
 func (n *leaseNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	// fh is no help: for fstat the kernel sends none and go-fuse passes
 	// the inode's first open file, whichever process it belongs to.
 	l, errno := n.currentKept(ctx, "getattr")
+	gone := false
 	if errno == syscall.ESTALE {
-		errno = n.opening(ctx, &l)
+		errno, gone = n.opening(ctx, &l)
 	}
 	if errno == syscall.EIO {
 		// The store failed (a commit, a cluster call); an ended lease's
-		// ESTALE and ENOENT are answers, not refusals worth a line.
+		// ENOENT is an answer, not a refusal worth a line.
 		return n.fsys.refuse("getattr", n.resource, callerOf(ctx), errno, "the store failed")
 	}
 	if errno != 0 {
 		return errno
 	}
 	n.fsys.fillLeaseAttr(l, &out.Attr)
+	if gone {
+		out.Nlink = 0
+	}
 	out.Ino = n.StableAttr().Ino // a re-bound lease is seen through this inode
 	return 0
 }
 
 // opening answers the GETATTR that the kernel sends, to check permissions,
 // between its lookup of this node and an OPEN, once the node's lease has
-// ended: failing it would fail the open with ESTALE, which a path open
-// never does (docs/PROTOCOL.md §3). While the caller is in an open system
-// call, l becomes what the open will reach (see [leaseNode.resolve]): the
-// name's current live lease, or, for an open with O_CREAT of a free name,
-// the ended lease as the caller's own reservation will look; a free name
+// ended: the ended lease's owner would decide the permission check of an
+// open that reaches another lease, or reserves the free name
+// (docs/PROTOCOL.md §3). While the caller is in an open system call, l
+// becomes what the open will reach (see [leaseNode.resolve]): the name's
+// current live lease, or, for an open with O_CREAT of a free name, the
+// ended lease as the caller's own reservation will look; a free name
 // without O_CREAT answers ENOENT. Any other caller (fstat of a descriptor
-// whose lease ended) gets ESTALE.
-func (n *leaseNode) opening(ctx context.Context, l *leasecore.Lease) syscall.Errno {
+// whose lease ended), or one whose call cannot be read, sees l as it
+// ended: gone is then true (st_nlink 0).
+func (n *leaseNode) opening(ctx context.Context, l *leasecore.Lease) (errno syscall.Errno, gone bool) {
 	c := callerOf(ctx)
 	creates, inOpen := callerCreates(c.tid)
 	if !inOpen {
-		return syscall.ESTALE
+		return 0, true
 	}
 	live, err := n.fsys.store.Live(ctx, n.resource)
 	switch {
 	case err == nil:
 		*l = live
 	case !errors.Is(err, leasecore.ErrNotFound):
-		return toErrno(err)
+		return toErrno(err), false
 	case !creates:
-		return syscall.ENOENT
+		return syscall.ENOENT, false
 	default:
 		l.HolderUID, l.HolderGID = c.uid, c.gid
 	}
-	return 0
+	return 0, false
 }
 
-// Setattr accepts truncation to zero (O_TRUNC) and time changes (touch) from
-// the holder uid or root as no-ops; any other change, or any change by
-// another uid, is refused with EPERM (docs/PROTOCOL.md §3).
+// Setattr accepts truncation to zero (ftruncate, truncate) and time
+// changes (touch) from the holder uid or root as no-ops; any other change,
+// or any change by another uid, is refused with EPERM (docs/PROTOCOL.md
+// §3). It judges the lease of the open file the change came through, if
+// any, else the inode's current lease (see current); once that has ended,
+// the lease as it ended, so that the call is a no-op rather than ESTALE,
+// as Getattr answers.
 func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	c := callerOf(ctx)
-	l, errno := n.live(ctx)
-	if errno != 0 {
-		return n.fsys.refuse("setattr", n.resource, c, errno, "lease ended")
+	var l leasecore.Lease
+	var errno syscall.Errno
+	if h, ok := fh.(*leaseHandle); ok {
+		l, errno = h.lease(ctx)
+	} else {
+		l, errno = n.current(ctx)
+	}
+	gone := errno == syscall.ESTALE
+	if errno != 0 && !gone {
+		return n.fsys.refuse("setattr", n.resource, c, errno, "the store failed")
 	}
 	if !c.mayHold(l) {
 		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "not the holder uid")
@@ -171,6 +214,10 @@ func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 		return n.fsys.refuse("setattr", n.resource, c, syscall.EPERM, "only truncation to zero is accepted")
 	}
 	n.fsys.fillLeaseAttr(l, &out.Attr)
+	if gone {
+		out.Nlink = 0
+	}
+	out.Ino = n.StableAttr().Ino
 	return 0
 }
 
@@ -178,8 +225,11 @@ func (n *leaseNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 // was opened on. A path open never fails with ESTALE (docs/PROTOCOL.md §3):
 // when the lease the kernel looked up has ended before the open reached the
 // daemon, the open takes the name as it is now (see [leaseNode.resolve]).
-// Errors: EACCES when a non-holder opens for writing; ENOENT when the name
-// has no live lease and the open does not create; those of a reservation.
+// O_TRUNC (passed in the flags: the mount negotiates atomic O_TRUNC) is a
+// no-op, as a truncate is. An open that fails ends what it reserved before
+// it answers. Errors: EACCES when a non-holder opens for writing; ENOENT
+// when the name has no live lease and the open does not create; those of a
+// reservation.
 func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	c := callerOf(ctx)
 	l, errno := n.live(ctx)
@@ -191,6 +241,9 @@ func (n *leaseNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 		return nil, 0, n.fsys.refuse("open", n.resource, c, errno, "no live lease to open")
 	}
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.mayHold(l) {
+		if reserved {
+			n.fsys.endUnclaimed(unclaimed{resource: n.resource, id: l.ID})
+		}
 		return nil, 0, n.fsys.refuse("open", n.resource, c, syscall.EACCES, "not the holder uid")
 	}
 	return n.newHandle(l, reserved), fuse.FOPEN_DIRECT_IO, 0

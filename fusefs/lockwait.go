@@ -67,7 +67,9 @@ type parkedWait struct {
 
 // park keeps w for owner's restarted request until abandon runs from
 // after, which is time.AfterFunc outside tests. A wait parked before for
-// the same owner is abandoned at once.
+// the same owner is abandoned at once: by park, even when its timer has
+// just fired, because that timer's take finds w in its place and leaves
+// the old wait alone.
 func (p *parkedWaits) park(owner waitOwner, w *lockWait, window time.Duration,
 	after func(time.Duration, func()) interface{ Stop() bool }, abandon func(*lockWait)) {
 	p.mu.Lock()
@@ -75,7 +77,8 @@ func (p *parkedWaits) park(owner waitOwner, w *lockWait, window time.Duration,
 	if p.m == nil {
 		p.m = make(map[waitOwner]parkedWait)
 	}
-	if old, ok := p.m[owner]; ok && old.timer.Stop() {
+	if old, ok := p.m[owner]; ok {
+		old.timer.Stop()
 		go abandon(old.w)
 	}
 	p.m[owner] = parkedWait{w: w, timer: after(window, func() {

@@ -271,6 +271,13 @@ func Run(ctx context.Context, opts Options) error {
 		DirectMount: root,
 		MaxWrite:    maxWrite,
 		EnableLocks: true,
+		// Atomic O_TRUNC: the kernel passes O_TRUNC in the OPEN (or
+		// CREATE) and sends no SETATTR after it. Without it the truncate
+		// of an O_TRUNC open is a SETATTR without a file handle that
+		// reaches the inode the kernel looked up, after the open may have
+		// bound another lease of the name (docs/PROTOCOL.md §3, "Opening
+		// a path").
+		ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
 		// READDIRPLUS would make go-fuse look up every listed name and
 		// build an inode for it, and with zero entry and attribute
 		// timeouts the kernel cannot reuse any of it: a stat after the

@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// idiomProcs and idiomIterations are the load of TestLockLibraryIdioms:
+// each idiom runs in that many processes at once, each that many times.
+const (
+	idiomProcs      = 4
+	idiomIterations = 300
+)
+
+// TestLockLibraryIdioms runs the open-and-lock idioms of real lock
+// libraries, each in four processes × 300 iterations on one name, all
+// idioms at once on the pass's store, and requires every iteration to be
+// accounted for, with no failed call (docs/PROTOCOL.md §3, "Opening a
+// path"): an open with O_TRUNC, O_APPEND or O_CREAT, and the fstat, lseek
+// and ftruncate right after it, never fail with ESTALE whatever ends
+// meanwhile, and no reservation is left that no descriptor holds. The
+// clients: Python's filelock (O_TRUNC + flock), fasteners (open "a+" +
+// lockf), a blocking O_TRUNC + flock, all with a 1 ms interval timer; the
+// flock(1) man page's `( flock -n 9 ) 9>FILE` and the same with `flock
+// -w`, whose timeouts interrupt waits that may be granted meanwhile; and a
+// Go client (O_TRUNC + fstat + lseek + blocking flock; O_APPEND + fstat +
+// ftruncate + fcntl F_SETLK) with a 1 ms timer and the runtime's SIGURG.
+// Afterwards every name is free on the mount and in the store.
+func TestLockLibraryIdioms(t *testing.T) {
+	requireFUSE(t)
+	python := requireTool(t, "python3")
+	requireTool(t, "flock")
+	bin := filepath.Join(t.TempDir(), "idioms")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/idioms").CombinedOutput(); err != nil {
+		t.Fatalf("go build testdata/idioms: %v\n%s", err, out)
+	}
+	script, err := filepath.Abs("testdata/idioms/idioms.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, daemonOpts{})
+	m := d.mountpoint
+	n := strconv.Itoa(idiomIterations)
+	// The man page's idiom: the subshell's `9>FILE` opens with
+	// O_WRONLY|O_CREAT|O_TRUNC, flock(1) locks the inherited descriptor.
+	const manPage = `ok=0 busy=0 failed=0
+for i in $(seq "$N"); do
+  ( flock $FLAGS 9; rc=$?; [ $rc -eq 0 ] && exit 0; [ $rc -eq 1 ] && exit 3; exit 1 ) 9>"$F" 2>>"$ERR"
+  case $? in 0) ok=$((ok+1));; 3) busy=$((busy+1));; *) failed=$((failed+1));; esac
+done
+printf 'ok=%d\nbusy=%d\nfailed=%d\n' $ok $busy $failed
+if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
+	type idiom struct {
+		name     string
+		blocking bool // every iteration must acquire
+		argv     func(i int, path string) ([]string, []string)
+	}
+	idioms := []idiom{
+		{"filelock", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "filelock", p, n} }},
+		{"fasteners", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "fasteners", p, n} }},
+		{"py-blocking", true, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "blocking", p, n} }},
+		{"go-trunc", true, func(_ int, p string) ([]string, []string) { return nil, []string{bin, "trunc", p, n} }},
+		{"go-append", false, func(_ int, p string) ([]string, []string) { return nil, []string{bin, "append", p, n} }},
+		{"flock-n", false, func(i int, p string) ([]string, []string) {
+			return []string{"N=" + n, "F=" + p, "FLAGS=-n", fmt.Sprintf("ERR=%s/flock-n-%d.err", t.TempDir(), i)}, []string{"bash", "-c", manPage}
+		}},
+		// A timeout of 20 ms: many waits time out, some just as they are
+		// granted, and those grants must end at once (§6).
+		{"flock-w", false, func(i int, p string) ([]string, []string) {
+			return []string{"N=" + n, "F=" + p, "FLAGS=-w 0.02", fmt.Sprintf("ERR=%s/flock-w-%d.err", t.TempDir(), i)}, []string{"bash", "-c", manPage}
+		}},
+	}
+	type run struct {
+		idiom idiom
+		proc  *bgProc
+	}
+	var runs []run
+	start := time.Now()
+	for _, id := range idioms {
+		for i := range idiomProcs {
+			env, argv := id.argv(i, filepath.Join(m, id.name))
+			runs = append(runs, run{id, startProc(t, env, argv...)})
+		}
+	}
+	for _, r := range runs {
+		res := r.proc.wait(3 * time.Minute)
+		kv := keyValues(res.stdout)
+		ok, _ := strconv.Atoi(kv["ok"])
+		busy, _ := strconv.Atoi(kv["busy"])
+		switch {
+		case res.code != 0 || kv["failed"] != "0" || ok+busy != idiomIterations:
+			t.Errorf("%s: ok %d + busy %d of %d iterations, %s failed: %s", r.idiom.name, ok, busy, idiomIterations, kv["failed"], res)
+		case r.idiom.blocking && ok != idiomIterations:
+			t.Errorf("%s: acquired %d of %d times with a blocking lock: %s", r.idiom.name, ok, idiomIterations, res)
+		case ok == 0:
+			t.Errorf("%s: never acquired in %d iterations: %s", r.idiom.name, idiomIterations, res)
+		}
+	}
+	t.Logf("%d idioms × %d processes × %d iterations in %v", len(idioms), idiomProcs, idiomIterations, time.Since(start).Round(time.Millisecond))
+	// The last release reaches the daemon just after the last close.
+	eventually(t, 10*time.Second, "every name free on the mount and in the store", func() (bool, string) {
+		names := listMount(t, m)
+		var held []string
+		for _, e := range cliJSON(t, "ls", "--state", d.state, "--json") {
+			held = append(held, fmt.Sprintf("%v (%v, pid %v)", e["resource"], e["mode"], e["holder_pid"]))
+		}
+		return len(names) == 0 && len(held) == 0, fmt.Sprintf("mount lists %q, store holds %s", names, strings.Join(held, ", "))
+	})
+	if logs := d.stderr(); strings.Contains(logs, "level=ERROR") {
+		t.Errorf("the daemon logged errors:\n%s", tail(logs, 4000))
+	}
+}
