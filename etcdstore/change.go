@@ -373,6 +373,22 @@ func (s *Store) Bind(ctx context.Context, id string, holderPID int) (leasecore.L
 	return l, nil
 }
 
+// Note records the holder's note on live lease id; see
+// [leasecore.Store.Note]. One round trip.
+func (s *Store) Note(ctx context.Context, id, note string) (leasecore.Lease, error) {
+	if err := leasecore.CheckNote(note); err != nil {
+		return leasecore.Lease{}, err
+	}
+	l, _, err := s.mutate(ctx, id, nil, chNoted, "", func(l *leasecore.Lease) (bool, error) {
+		if l.Note == note {
+			return true, nil
+		}
+		l.Note = note
+		return false, nil
+	}, nil)
+	return l, err
+}
+
 // RequestTakeover records req on live lease id; see
 // [leasecore.Store.RequestTakeover]. One round trip.
 func (s *Store) RequestTakeover(ctx context.Context, id string, req leasecore.TakeoverRequest) (leasecore.Lease, error) {

@@ -225,12 +225,14 @@ const (
 	chReleased = "released"
 	chExpired  = "expired"
 	chAnnotate = "annotated"
+	chNoted    = "noted"
 )
 
 var changeOf = map[string]leasecore.Change{
 	chReserved: leasecore.ChangeReserved, chRenewed: leasecore.ChangeRenewed,
 	chBound: leasecore.ChangeBound, chTakeover: leasecore.ChangeTakeoverRequested,
 	chReleased: leasecore.ChangeReleased, chExpired: leasecore.ChangeExpired,
+	chNoted: leasecore.ChangeNoted,
 }
 
 var _ leasecore.Store = (*Store)(nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -169,6 +170,9 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	}
 	cmd, err := parsePayload(data)
 	if err != nil {
+		if l, holds := h.heldLease(ctx); holds {
+			return h.note(ctx, c, l, data)
+		}
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, err)
 	}
 	l, errno := h.live(ctx, "write", c)
@@ -218,6 +222,45 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 			"the name had no live lease for this token (ended, or never issued); the reservation this open made is released")
 	}
 	if err != nil {
+		return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)
+	}
+	return uint32(len(data)), 0
+}
+
+// heldLease returns the handle lease that this open file holds by a lock
+// (flock, or an fcntl lock taken through it), if it is live.
+func (h *leaseHandle) heldLease(ctx context.Context) (leasecore.Lease, bool) {
+	h.mu.Lock()
+	id, holds := h.id, h.bound
+	keys := h.posixKeys
+	h.mu.Unlock()
+	for _, key := range keys {
+		if held, ok := h.fsys.posix.get(key); ok && held == id {
+			holds = true
+		}
+	}
+	if !holds {
+		return leasecore.Lease{}, false
+	}
+	l, err := h.fsys.store.Load(ctx, id)
+	return l, err == nil && l.Live() && l.Mode == leasecore.ModeHandle
+}
+
+// note records text that is not a payload, written through the open file
+// that holds handle lease l, as the holder's note (docs/PROTOCOL.md §4.2,
+// "Notes"): lock libraries write their pid or a line into the lock file
+// they locked. Surrounding white space is dropped. Errors: EINVAL over
+// [leasecore.MaxNote] bytes or not UTF-8 text; EACCES for a caller that is
+// not the holder uid or root; ESTALE once l has ended; ENOSPC, EIO.
+func (h *leaseHandle) note(ctx context.Context, c caller, l leasecore.Lease, data []byte) (uint32, syscall.Errno) {
+	text := strings.TrimSpace(string(data))
+	if err := leasecore.CheckNote(text); err != nil {
+		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, "neither a payload nor a note: "+err.Error())
+	}
+	if !c.mayHold(l) {
+		return 0, h.fsys.refuse("write", h.resource, c, syscall.EACCES, "not the holder uid")
+	}
+	if _, err := h.fsys.store.Note(ctx, l.ID, text); err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)
 	}
 	return uint32(len(data)), 0

@@ -294,3 +294,38 @@ func TestRefusedBindOfUnknownOutcomeEndsTheLease(t *testing.T) {
 		})
 	}
 }
+
+// Text that is not a payload, written through the open file that holds a
+// handle lease, becomes the holder's note in the status document
+// (docs/PROTOCOL.md §4.2, "Notes"); through an open file that holds no
+// lock, or over MaxNote bytes, it stays EINVAL.
+func TestNoteOfTheHolder(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	ctx := as(uidAlice)
+	_, h := mustCreate(t, ctx, e.root, "n")
+	if errno := write(ctx, h, "locked by 42\n"); errno != syscall.EINVAL {
+		t.Fatalf("text through a token lease's open file = %v, want EINVAL", errno)
+	}
+	_, h = mustCreate(t, ctx, e.root, "m")
+	if errno := h.Setlk(ctx, 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("flock: %v", errno)
+	}
+	if errno := write(ctx, h, "locked by 42\n"); errno != 0 {
+		t.Fatalf("a note through the holding open file = %v", errno)
+	}
+	doc, errno := read(ctx, h, 4096, 0)
+	if errno != 0 || !strings.Contains(string(doc), "\nnote = \"locked by 42\"\n") {
+		t.Fatalf("status document after the note = %v:\n%s", errno, doc)
+	}
+	if errno := write(ctx, h, strings.Repeat("x", leasecore.MaxNote+1)); errno != syscall.EINVAL {
+		t.Errorf("a note over %d bytes = %v, want EINVAL", leasecore.MaxNote, errno)
+	}
+	n2, _ := e.root.Lookup(ctx, "m", &fuse.EntryOut{})
+	notHolding := openAs(t, n2.Operations().(*leaseNode), uidAlice, syscall.O_RDWR)
+	if errno := write(ctx, notHolding, "locked by 43"); errno != syscall.EINVAL {
+		t.Errorf("text through an open file that holds no lock = %v, want EINVAL", errno)
+	}
+	if l, err := e.store.Live(context.Background(), "m"); err != nil || l.Note != "locked by 42" {
+		t.Errorf("the note after refused writes = %q, %v; want it unchanged", l.Note, err)
+	}
+}

@@ -24,8 +24,8 @@ const (
 // path"): an open with O_TRUNC, O_APPEND or O_CREAT, and the fstat, lseek
 // and ftruncate right after it, never fail with ESTALE whatever ends
 // meanwhile, and no reservation is left that no descriptor holds. The
-// clients: Python's filelock (O_TRUNC + flock), fasteners (open "a+" +
-// lockf), a blocking O_TRUNC + flock, all with a 1 ms interval timer; the
+// clients: Python's filelock (O_TRUNC + flock), portalocker (open "w" +
+// flock + a note written while locked), fasteners (open "a+" + lockf), a blocking O_TRUNC + flock, all with a 1 ms interval timer; the
 // flock(1) man page's `( flock -n 9 ) 9>FILE` and the same with `flock
 // -w`, whose timeouts interrupt waits that may be granted meanwhile; and a
 // Go client (O_TRUNC + fstat + lseek + blocking flock; O_APPEND + fstat +
@@ -62,6 +62,7 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 	}
 	idioms := []idiom{
 		{"filelock", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "filelock", p, n} }},
+		{"portalocker", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "portalocker", p, n} }},
 		{"fasteners", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "fasteners", p, n} }},
 		{"py-blocking", true, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "blocking", p, n} }},
 		{"go-trunc", true, func(_ int, p string) ([]string, []string) { return nil, []string{bin, "trunc", p, n} }},

@@ -175,6 +175,39 @@ func (s *store) Bind(ctx context.Context, id string, holderPID int) (Lease, erro
 	})
 }
 
+// MaxNote is the longest holder's note in bytes (docs/PROTOCOL.md §4.2,
+// "Notes").
+const MaxNote = 256
+
+// CheckNote validates a holder's note: at most [MaxNote] bytes of UTF-8
+// without NUL. Errors: ErrInvalidArgument.
+func CheckNote(note string) error {
+	if len(note) > MaxNote || strings.ContainsRune(note, 0) || !utf8.ValidString(note) {
+		return fmt.Errorf("%w: a note is at most %d bytes of UTF-8 without NUL", ErrInvalidArgument, MaxNote)
+	}
+	return nil
+}
+
+// Note records the holder's note on live lease id; see [Store.Note].
+func (s *store) Note(ctx context.Context, id, note string) (Lease, error) {
+	if err := CheckNote(note); err != nil {
+		return Lease{}, err
+	}
+	return s.mutateActive(id, nil, ChangeNoted, func(e *entry) error {
+		if e.lease.Note == note {
+			return nil
+		}
+		l := e.lease
+		l.Note = note
+		stamp, err := s.persist.writeRecord(&l, e.hash)
+		if err != nil {
+			return err
+		}
+		e.lease, e.stamp = l, stamp
+		return nil
+	})
+}
+
 // RequestTakeover records req on live lease id; see [Store.RequestTakeover].
 func (s *store) RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error) {
 	for _, text := range []string{req.By, req.Reason} {

@@ -60,6 +60,8 @@ const (
 	// record could not stand: a handle lease of a previous daemon (§2), or
 	// an active record superseded by a newer one (EventEnded).
 	ChangeExpired
+	// ChangeNoted: [Store.Note] recorded the holder's note (EventChanged).
+	ChangeNoted
 )
 
 // Event is one change of the store, carrying a copy of the lease after it.

@@ -87,6 +87,11 @@ type Lease struct {
 	AnchorRoot       string `lease:"anchor_root,optional,command"`
 	Path             string `lease:"path,optional,command"`
 	Client           string `lease:"client,optional,command"`
+	// Note is the holder's note: text up to [MaxNote] bytes that a
+	// handle lease's holder wrote through its open file, as lock
+	// libraries write their pid or a line into the lock file
+	// (docs/PROTOCOL.md §4.2, "Notes").
+	Note string `lease:"note,optional"`
 
 	TakeoverRequestedBy string    `lease:"takeover_requested_by,optional"`
 	TakeoverRequestedAt time.Time `lease:"takeover_requested_at,optional"`
@@ -223,6 +228,12 @@ type Store interface {
 	// same open file locked it again). Errors: ErrNotFound, ErrInactive,
 	// *PersistError.
 	Bind(ctx context.Context, id string, holderPID int) (Lease, error)
+	// Note records note as the holder's note of live lease id, replacing
+	// any earlier one ("" clears it); the caller has authorised the holder
+	// (the open file that holds a handle lease). Errors: ErrNotFound,
+	// ErrInactive, ErrInvalidArgument (over [MaxNote] bytes, NUL, not
+	// UTF-8), *PersistError.
+	Note(ctx context.Context, id, note string) (Lease, error)
 	// RequestTakeover records a takeover request on live lease id.
 	// Errors: ErrNotFound, ErrInactive, ErrInvalidArgument, *PersistError.
 	RequestTakeover(ctx context.Context, id string, req TakeoverRequest) (Lease, error)

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,6 +233,38 @@ func testBind(t *testing.T, open Factory) {
 	h, err := e.s.Reserve(ctx, leasecore.Draft{Resource: "h", Mode: leasecore.ModeHandle, HolderUID: 1})
 	if err != nil || h.Lease.Mode != leasecore.ModeHandle || !h.Lease.ExpiresAt.IsZero() {
 		t.Fatalf("Reserve of a handle lease = %+v, %v", h.Lease, err)
+	}
+}
+
+// testNote records, replaces and clears a holder's note on a live lease,
+// shows it in the lease and its history, refuses one over MaxNote bytes
+// and one on an ended lease (docs/PROTOCOL.md §4.2, "Notes").
+func testNote(t *testing.T, open Factory) {
+	e := newEnv(t, open, 0)
+	ctx := context.Background()
+	g := e.reserve("x", 1000)
+	if _, err := e.s.Bind(ctx, g.Lease.ID, 77); err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.s.Note(ctx, g.Lease.ID, "locked by 77")
+	if err != nil || l.Note != "locked by 77" {
+		t.Fatalf("Note = %+v, %v", l, err)
+	}
+	if l, err := e.s.Live(ctx, "x"); err != nil || l.Note != "locked by 77" {
+		t.Fatalf("Live after Note = %q, %v", l.Note, err)
+	}
+	_, err = e.s.Note(ctx, g.Lease.ID, strings.Repeat("n", leasecore.MaxNote+1))
+	wantErr(t, "a note over MaxNote bytes", err, leasecore.ErrInvalidArgument)
+	if l, err := e.s.Note(ctx, g.Lease.ID, "second"); err != nil || l.Note != "second" {
+		t.Fatalf("Note replacing the first = %+v, %v", l, err)
+	}
+	if _, err := e.s.End(ctx, g.Lease.ID, leasecore.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.s.Note(ctx, g.Lease.ID, "late")
+	wantErr(t, "a note on an ended lease", err, leasecore.ErrInactive)
+	if l, err := e.s.Load(ctx, g.Lease.ID); err != nil || l.Note != "second" {
+		t.Fatalf("the ended lease keeps its note: %q, %v", l.Note, err)
 	}
 }
 

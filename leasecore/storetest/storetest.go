@@ -109,6 +109,7 @@ func Run(t *testing.T, open Factory) {
 		{"EventsForEveryEnd", testEvents},
 		{"ReleaseAppliesAnnotations", testReleaseAnnotations},
 		{"BindMakesHandleLease", testBind},
+		{"NoteOfTheHolder", testNote},
 		{"Quota", testQuota},
 		{"Namespaces", testNamespaces},
 		{"AcquireFirstComeFirstServed", testAcquireFIFO},
