@@ -127,11 +127,17 @@ subprocess.run(["bash", "-c", 'rm "$P" && set -C && : > "$P"'], env=dict(os.envi
 out("ino_new", os.stat(p).st_ino)
 out("read_old", err(os.pread, fd, 4096, 0))
 out("write_old", err(os.pwrite, fd, (os.environ["TOK"] + "\n").encode(), 0))
+st = os.fstat(fd)
+out("fstat_old", "ino %d nlink %d" % (st.st_ino, st.st_nlink))
+out("ftruncate_old", err(os.ftruncate, fd, 0))
 os.close(fd)
 `, "M="+d.mountpoint, "TOK="+tok)
 	wantKV(t, kv, "read_before", "ok")
 	wantKV(t, kv, "read_old", "ESTALE")
 	wantKV(t, kv, "write_old", "ESTALE")
+	// fstat and ftruncate never answer ESTALE: the ended lease, unlinked (docs/PROTOCOL.md §3).
+	wantKV(t, kv, "fstat_old", "ino "+kv["ino_old"]+" nlink 0")
+	wantKV(t, kv, "ftruncate_old", "ok")
 	if kv["ino_old"] == "" || kv["ino_old"] == kv["ino_new"] {
 		t.Errorf("inode of the old lease %q, of the new lease %q: want different", kv["ino_old"], kv["ino_new"])
 	}

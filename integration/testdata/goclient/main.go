@@ -300,11 +300,26 @@ func (c *client) reopen(path, lease string, lastOK time.Time) (int, bool) {
 func (c *client) handleCycle(name, mode string) {
 	path := filepath.Join(c.dir, name)
 	s := c.begin("acq", name, mode, "", 0)
-	fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	// The open of a lock library: O_TRUNC and an ftruncate and fstat
+	// after it every other cycle (docs/PROTOCOL.md §6, "Lock libraries").
+	trunc := c.rng.IntN(2) == 0
+	flags := unix.O_CREAT | unix.O_RDWR | unix.O_CLOEXEC
+	if trunc {
+		flags |= unix.O_TRUNC
+	}
+	fd, err := unix.Open(path, flags, 0o644)
 	if err != nil {
 		c.end(s, errName(err), "", 0, "")
 		c.sleep(50, 200)
 		return
+	}
+	if trunc {
+		var st unix.Stat_t
+		if err := errors.Join(unix.Ftruncate(fd, 0), unix.Fstat(fd, &st)); err != nil {
+			unix.Close(fd)
+			c.end(s, errName(err), "", 0, "")
+			return
+		}
 	}
 	closed := false
 	defer func() {

@@ -172,14 +172,34 @@ def on_alarm(signum, frame):
 signal.signal(signal.SIGALRM, on_alarm)
 
 
+# The opens of lock libraries, one picked per handle cycle: flock(1)'s
+# O_CREAT; filelock's and portalocker's O_TRUNC; fasteners' open("a+"),
+# whose fstat and lseek follow the open (docs/PROTOCOL.md §6, "Lock
+# libraries").
+OPEN_IDIOMS = (
+    os.O_CREAT | os.O_RDWR,
+    os.O_CREAT | os.O_RDWR | os.O_TRUNC,
+    os.O_CREAT | os.O_RDWR | os.O_APPEND,
+)
+
+
 def handle_cycle(name, mode):
     path = os.path.join(M, name)
     s = begin("acq", name, mode)
+    flags = rng.choice(OPEN_IDIOMS)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR)
+        fd = os.open(path, flags, 0o644)
     except OSError as e:
         end(s, ename(e))
         nap(0.05, 0.2)
+        return
+    try:
+        os.fstat(fd)
+        if flags & os.O_APPEND:
+            os.lseek(fd, 0, os.SEEK_END)
+    except OSError as e:
+        os.close(fd)
+        end(s, ename(e))
         return
     try:
         try:
