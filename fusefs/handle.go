@@ -170,7 +170,7 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	}
 	cmd, err := parsePayload(data)
 	if err != nil {
-		if l, holds := h.heldLease(ctx); holds {
+		if l, holds := h.heldLease(ctx); holds && !payloadLike(data) {
 			return h.note(ctx, c, l, data)
 		}
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, err)
@@ -254,7 +254,10 @@ func (h *leaseHandle) heldLease(ctx context.Context) (leasecore.Lease, bool) {
 // not the holder uid or root; ESTALE once l has ended; ENOSPC, EIO.
 func (h *leaseHandle) note(ctx context.Context, c caller, l leasecore.Lease, data []byte) (uint32, syscall.Errno) {
 	text := strings.TrimSpace(string(data))
-	if err := leasecore.CheckNote(text); err != nil {
+	if err := leasecore.CheckNote(text); err != nil || text == "" {
+		if err == nil {
+			err = errors.New("empty")
+		}
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, "neither a payload nor a note: "+err.Error())
 	}
 	if !c.mayHold(l) {

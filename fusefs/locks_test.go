@@ -317,8 +317,16 @@ func TestNoteOfTheHolder(t *testing.T) {
 	if errno != 0 || !strings.Contains(string(doc), "\nnote = \"locked by 42\"\n") {
 		t.Fatalf("status document after the note = %v:\n%s", errno, doc)
 	}
-	if errno := write(ctx, h, strings.Repeat("x", leasecore.MaxNote+1)); errno != syscall.EINVAL {
-		t.Errorf("a note over %d bytes = %v, want EINVAL", leasecore.MaxNote, errno)
+	for _, bad := range []string{
+		strings.Repeat("x", leasecore.MaxNote+1), // too long for a note
+		"action = \"explode\"\n",                 // a malformed command
+		"hwl_ oops\n",                            // a malformed token
+		"client = 3\n",                           // an annotation of the wrong type
+		" \n",                                    // nothing
+	} {
+		if errno := write(ctx, h, bad); errno != syscall.EINVAL {
+			t.Errorf("write of %.20q through the holding open file = %v, want EINVAL", bad, errno)
+		}
 	}
 	n2, _ := e.root.Lookup(ctx, "m", &fuse.EntryOut{})
 	notHolding := openAs(t, n2.Operations().(*leaseNode), uidAlice, syscall.O_RDWR)

@@ -67,6 +67,24 @@ func checkCommandShape(text string) error {
 	return nil
 }
 
+// payloadLike reports whether p, which [parsePayload] refused, was meant
+// as a payload: a token (it starts with the token prefix) or a command (a
+// line "key = …" with a command key). Such a write is a malformed payload
+// (EINVAL) even through an open file that holds a handle lease, whose other
+// text is the holder's note (docs/PROTOCOL.md §4.2, "Notes").
+func payloadLike(p []byte) bool {
+	text := string(p)
+	if strings.HasPrefix(strings.TrimSpace(text), leasecore.TokenPrefix) {
+		return true
+	}
+	for line := range strings.SplitSeq(text, "\n") {
+		if key, _, ok := strings.Cut(line, "="); ok && commandKey(strings.TrimSpace(key)) {
+			return true
+		}
+	}
+	return false
+}
+
 // mentionsToken reports whether msg, an error message about payload,
 // repeats six or more consecutive characters of a word of payload that
 // could be a token or part of one: a word with the token prefix, or one of

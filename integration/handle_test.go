@@ -976,7 +976,7 @@ import fcntl
 p = os.path.join(M, "locked")
 fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
-out("write", err(os.write, fd, b"garbage"))
+out("write", err(os.write, fd, b'action = "explode"'))
 out("mode", os.getxattr(p, "user.lease.mode").decode())
 out("read", err(os.pread, fd, 4096, 0))
 `, "M="+d.mountpoint)
