@@ -29,19 +29,21 @@ func idiomRuns() int {
 
 // TestLockLibraryIdioms runs the open-and-lock idioms of real lock
 // libraries, each in four processes × 300 iterations on one name (100 in
-// the etcd pass), all
-// idioms at once on the pass's store, and requires every iteration to be
-// accounted for, with no failed call (docs/PROTOCOL.md §3, "Opening a
-// path"): an open with O_TRUNC, O_APPEND or O_CREAT, and the fstat, lseek
-// and ftruncate right after it, never fail with ESTALE whatever ends
-// meanwhile, and no reservation is left that no descriptor holds. The
-// clients: Python's filelock (O_TRUNC + flock), portalocker (open "w" +
-// flock + a note written while locked), fasteners (open "a+" + lockf), a blocking O_TRUNC + flock, all with a 1 ms interval timer; the
-// flock(1) man page's `( flock -n 9 ) 9>FILE` and the same with `flock
-// -w`, whose timeouts interrupt waits that may be granted meanwhile; and a
-// Go client (O_TRUNC + fstat + lseek + blocking flock; O_APPEND + fstat +
-// ftruncate + fcntl F_SETLK) with a 1 ms timer and the runtime's SIGURG.
-// Afterwards every name is free on the mount and in the store.
+// the etcd pass), all idioms at once on the pass's store, and requires
+// every iteration to be accounted for, with no failed call
+// (docs/PROTOCOL.md §3, "Opening a path"; §6, "Lock libraries"): an open
+// with O_TRUNC, O_APPEND or O_CREAT, and the fstat, lseek and ftruncate
+// right after it, never fail with ESTALE whatever ends meanwhile, and no
+// reservation is left that no descriptor holds. The clients: Python's lock
+// libraries themselves (Debian's python3-filelock 3.9, fasteners 0.17,
+// portalocker 2.2: FileLock, InterProcessLock, and Lock in mode "w" with
+// the holder's pid written while locked) and a blocking O_TRUNC + fstat +
+// flock, all with a 1 ms interval timer; the flock(1) man page's
+// `( flock -n 9 ) 9>FILE` and the same with `flock -w`, whose timeouts
+// interrupt waits that may be granted meanwhile; and a Go client (O_TRUNC
+// + fstat + lseek + blocking flock; O_APPEND + fstat + ftruncate + fcntl
+// F_SETLK) with a 1 ms timer and the runtime's SIGURG. Afterwards every
+// name is free on the mount and in the store.
 func TestLockLibraryIdioms(t *testing.T) {
 	requireFUSE(t)
 	python := requireTool(t, "python3")
@@ -53,6 +55,16 @@ func TestLockLibraryIdioms(t *testing.T) {
 	script, err := filepath.Abs("testdata/idioms/idioms.py")
 	if err != nil {
 		t.Fatal(err)
+	}
+	libraries, err := filepath.Abs("testdata/idioms/libraries.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The libraries themselves, from Debian's packages, for the Python
+	// that Debian's packages install into.
+	debPython := otherPython(t)
+	if out, err := exec.Command(debPython, "-c", "import filelock, fasteners, portalocker").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import Python's lock libraries (apt-get install python3-filelock python3-fasteners python3-portalocker): %v\n%s", debPython, err, out)
 	}
 	d := startDaemon(t, daemonOpts{})
 	m := d.mountpoint
@@ -73,10 +85,16 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 		argv     func(i int, path string) ([]string, []string)
 	}
 	idioms := []idiom{
-		{"filelock", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "filelock", p, n} }},
-		{"portalocker", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "portalocker", p, n} }},
-		{"fasteners", false, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "fasteners", p, n} }},
 		{"py-blocking", true, func(_ int, p string) ([]string, []string) { return nil, []string{python, script, "blocking", p, n} }},
+		{"lib-filelock", false, func(_ int, p string) ([]string, []string) {
+			return nil, []string{debPython, libraries, "filelock", p, n}
+		}},
+		{"lib-fasteners", false, func(_ int, p string) ([]string, []string) {
+			return nil, []string{debPython, libraries, "fasteners", p, n}
+		}},
+		{"lib-portalocker", false, func(_ int, p string) ([]string, []string) {
+			return nil, []string{debPython, libraries, "portalocker", p, n}
+		}},
 		{"go-trunc", true, func(_ int, p string) ([]string, []string) { return nil, []string{bin, "trunc", p, n} }},
 		{"go-append", false, func(_ int, p string) ([]string, []string) { return nil, []string{bin, "append", p, n} }},
 		{"flock-n", false, func(i int, p string) ([]string, []string) {

@@ -1,21 +1,14 @@
-"""The open-and-lock idioms of Python's lock libraries, in a loop on a
+"""A blocking open-and-lock idiom of lock libraries, in a loop on a
 leasefs mount, with an interval timer interrupting the calls.
 
-Usage: idioms.py IDIOM PATH ITERATIONS
+Usage: idioms.py blocking PATH ITERATIONS
 
-IDIOM is one of
-  filelock    os.open(O_RDWR|O_CREAT|O_TRUNC) + flock(LOCK_EX|LOCK_NB) + flock(LOCK_UN) + close
-              (filelock's UnixFileLock)
-  portalocker open(path, "w") + flock(LOCK_EX|LOCK_NB) + write of a line of text + flock(LOCK_UN)
-              + close (portalocker's Lock with mode "w" and a pid note)
-  fasteners   open(path, "a+") (openat, fstat, lseek) + lockf(LOCK_EX|LOCK_NB) + lockf(LOCK_UN)
-              + close (fasteners' InterProcessLock)
   blocking    os.open(O_RDWR|O_CREAT|O_TRUNC) + fstat + flock(LOCK_EX) + close (the release
               is the close)
 
-It prints ok=N (acquired), busy=N (LOCK_NB refused as held), failed=N and
-fail.OP.ERRNO=N for each kind of failure; every iteration is one of ok,
-busy or a failure.
+(libraries.py runs Python's lock libraries themselves.) It prints ok=N
+(acquired), busy=N (always 0 here), failed=N and fail.OP.ERRNO=N for each
+kind of failure; every iteration is one of ok or a failure.
 """
 import errno
 import fcntl
@@ -41,46 +34,7 @@ def fail(op, e):
 for _ in range(n):
     op = "open"
     try:
-        if idiom == "filelock":
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                op = "flock"
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    busy += 1
-                    continue
-                op = "unlock"
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                ok += 1
-            finally:
-                os.close(fd)
-        elif idiom == "portalocker":
-            with open(path, "w") as f:
-                op = "flock"
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    busy += 1
-                    continue
-                op = "note"
-                f.write("locked by %d\n" % os.getpid())
-                f.flush()
-                op = "unlock"
-                fcntl.flock(f, fcntl.LOCK_UN)
-                ok += 1
-        elif idiom == "fasteners":
-            with open(path, "a+") as f:
-                op = "lockf"
-                try:
-                    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except (BlockingIOError, PermissionError):
-                    busy += 1
-                    continue
-                op = "unlock"
-                fcntl.lockf(f, fcntl.LOCK_UN)
-                ok += 1
-        elif idiom == "blocking":
+        if idiom == "blocking":
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 op = "fstat"
