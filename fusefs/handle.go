@@ -36,6 +36,11 @@ type leaseHandle struct {
 	// with its outcome unknown: the store may hold it as a handle lease
 	// that no open file holds, which [leaseHandle.dropUnclaimed] ends.
 	bindUnknown bool
+	// unlocked is the handle lease that this open file's own unlock ended
+	// (flock LOCK_UN, or fcntl F_UNLCK through it): a note that arrives
+	// after it, flushed at the close, is accepted and changes nothing
+	// (docs/PROTOCOL.md §4.2, "Notes").
+	unlocked string
 	// posixKeys are the fcntl lock owners that took a lease through this
 	// open file. A process-owned (POSIX) lock ends at the owner's FLUSH;
 	// an open-file-owned one (F_OFD_SETLK) only when the open file is
@@ -170,8 +175,14 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	}
 	cmd, err := parsePayload(data)
 	if err != nil {
-		if l, holds := h.heldLease(ctx); holds && !payloadLike(data) {
-			return h.note(ctx, c, l, data)
+		if !payloadLike(data) {
+			if l, holds := h.heldLease(ctx); holds {
+				return h.note(ctx, c, l, data)
+			}
+			if h.lateNote(ctx, data) {
+				h.fsys.log.Debug("note after the holder's own unlock, discarded", "resource", h.resource, "uid", c.uid, "pid", c.logPID())
+				return uint32(len(data)), 0
+			}
 		}
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, err)
 	}
@@ -244,6 +255,26 @@ func (h *leaseHandle) heldLease(ctx context.Context) (leasecore.Lease, bool) {
 	}
 	l, err := h.fsys.store.Load(ctx, id)
 	return l, err == nil && l.Live() && l.Mode == leasecore.ModeHandle
+}
+
+// lateNote reports whether data, which is not meant as a payload, is a
+// note that arrives through this open file after its own unlock ended the
+// lease it held, and nothing has held the name through it since: Python's
+// buffered writes reach the daemon at the close, and lock libraries
+// (portalocker) unlock before they close. Such a write is accepted and
+// changes nothing (docs/PROTOCOL.md §4.2, "Notes").
+func (h *leaseHandle) lateNote(ctx context.Context, data []byte) bool {
+	h.mu.Lock()
+	unlocked, id := h.unlocked, h.id
+	h.mu.Unlock()
+	if unlocked == "" || unlocked != id {
+		return false
+	}
+	if l, err := h.fsys.store.Load(ctx, id); err == nil && l.Live() {
+		return false // still live: not ended by the unlock after all
+	}
+	text := strings.TrimSpace(string(data))
+	return text != "" && leasecore.CheckNote(text) == nil
 }
 
 // note records text that is not a payload, written through the open file

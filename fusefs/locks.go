@@ -206,6 +206,13 @@ func (h *leaseHandle) trySetlk(ctx context.Context, owner uint64, lk *fuse.FileL
 // lease is never deferred (docs/PROTOCOL.md §6, "Choices").
 func (h *leaseHandle) unlock(op string, req lockRequest) syscall.Errno {
 	if !req.flock {
+		if held, ok := h.fsys.posix.get(req.key); ok {
+			h.mu.Lock()
+			if held == h.id {
+				h.unlocked = held
+			}
+			h.mu.Unlock()
+		}
 		h.fsys.posixClose(req.key)
 		return 0
 	}
@@ -226,6 +233,7 @@ func (h *leaseHandle) unlock(op string, req lockRequest) syscall.Errno {
 	h.mu.Lock()
 	if h.id == id {
 		h.bound = false
+		h.unlocked = id
 	}
 	h.mu.Unlock()
 	return 0

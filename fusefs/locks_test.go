@@ -337,3 +337,30 @@ func TestNoteOfTheHolder(t *testing.T) {
 		t.Errorf("the note after refused writes = %q, %v; want it unchanged", l.Note, err)
 	}
 }
+
+// A note that arrives after the open file's own unlock ended its lease (a
+// buffered write flushed at the close, as portalocker unlocks before it
+// closes) is accepted and changes nothing; text meant as a payload is
+// still EINVAL (docs/PROTOCOL.md §4.2, "Notes").
+func TestNoteAfterOwnUnlockIsDiscarded(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	ctx := as(uidAlice)
+	_, h := mustCreate(t, ctx, e.root, "p")
+	if errno := h.Setlk(ctx, 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("flock: %v", errno)
+	}
+	id := h.leaseID()
+	if errno := write(ctx, h, "first"); errno != 0 {
+		t.Fatalf("note while locked = %v", errno)
+	}
+	unlock(t, uidAlice, h, 1)
+	if errno := write(ctx, h, "flushed at the close\n"); errno != 0 {
+		t.Errorf("note after the own unlock = %v, want accepted", errno)
+	}
+	if errno := write(ctx, h, "client = \"x\"\n"); errno != syscall.EINVAL {
+		t.Errorf("a command without its token after the unlock = %v, want EINVAL", errno)
+	}
+	if l, err := e.store.Load(context.Background(), id); err != nil || l.Live() || l.Note != "first" {
+		t.Errorf("the ended lease = %s, note %q, %v; want ended with its note unchanged", l.Status, l.Note, err)
+	}
+}
