@@ -19,7 +19,8 @@ var fuzzTargets = []struct{ pkg, name string }{
 	{"./leasecore", "FuzzValidateResource"},
 }
 
-// fuzzTimeEnv overrides how long each target runs (default 20s).
+// fuzzTimeEnv overrides how long each target runs (default 20s, 5s with
+// -short).
 const fuzzTimeEnv = "LEASEFS_FUZZTIME"
 
 // TestReliabilityFuzz runs every fuzz target for a bounded time in a child
@@ -32,7 +33,11 @@ func TestReliabilityFuzz(t *testing.T) {
 		t.Fatal(err)
 	}
 	fuzzTime := os.Getenv(fuzzTimeEnv)
-	if fuzzTime == "" {
+	switch {
+	case fuzzTime != "":
+	case testing.Short():
+		fuzzTime = "5s" // the CI form (test.sh runs -short)
+	default:
 		fuzzTime = "20s"
 	}
 	execs := regexp.MustCompile(`execs: (\d+)`)
