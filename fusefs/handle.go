@@ -176,8 +176,16 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	cmd, err := parsePayload(data)
 	if err != nil {
 		if !payloadLike(data) {
-			if l, holds := h.heldLease(ctx); holds {
+			l, holds, err := h.lockedLease(ctx)
+			switch {
+			case err != nil:
+				return 0, h.fsys.refuse("write", h.resource, c, toErrno(err), err)
+			case holds && l.Live():
 				return h.note(ctx, c, l, data)
+			case holds:
+				// Ended by another (an rm, a takeover, a lost etcd
+				// session): the holder learns that it lost its lease.
+				return 0, h.fsys.refuse("write", h.resource, c, syscall.ESTALE, "the lease this open file held by its lock has ended")
 			}
 			if h.lateNote(ctx, data) {
 				h.fsys.log.Debug("note after the holder's own unlock, discarded", "resource", h.resource, "uid", c.uid, "pid", c.logPID())
@@ -238,9 +246,11 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 	return uint32(len(data)), 0
 }
 
-// heldLease returns the handle lease that this open file holds by a lock
-// (flock, or an fcntl lock taken through it), if it is live.
-func (h *leaseHandle) heldLease(ctx context.Context) (leasecore.Lease, bool) {
+// lockedLease returns the lease that this open file holds by a lock
+// (flock, or an fcntl lock taken through it) and reports whether it holds
+// one; the lease may have ended since (ended by another: an rm, a lost
+// etcd session), which l.Live() tells. err is the store's failure.
+func (h *leaseHandle) lockedLease(ctx context.Context) (l leasecore.Lease, holds bool, err error) {
 	h.mu.Lock()
 	id, holds := h.id, h.bound
 	keys := h.posixKeys
@@ -251,10 +261,13 @@ func (h *leaseHandle) heldLease(ctx context.Context) (leasecore.Lease, bool) {
 		}
 	}
 	if !holds {
-		return leasecore.Lease{}, false
+		return leasecore.Lease{}, false, nil
 	}
-	l, err := h.fsys.store.Load(ctx, id)
-	return l, err == nil && l.Live() && l.Mode == leasecore.ModeHandle
+	l, err = h.fsys.store.Load(ctx, id)
+	if errors.Is(err, leasecore.ErrNotFound) {
+		return leasecore.Lease{ID: id, Resource: h.resource, Status: leasecore.StatusAbandoned}, true, nil
+	}
+	return l, true, err
 }
 
 // lateNote reports whether data, which is not meant as a payload, is a

@@ -283,7 +283,14 @@ func (h *leaseHandle) lock(ctx context.Context, op string, req lockRequest) sysc
 	if cred {
 		l, err := f.store.Load(ctx, id)
 		if err == nil && l.Live() && l.Mode == leasecore.ModeToken {
-			if l, err = f.store.Bind(ctx, id, req.c.pid()); err != nil {
+			l, err = f.store.Bind(ctx, id, req.c.pid())
+			switch {
+			case errors.Is(err, leasecore.ErrInactive):
+				// The reservation ended between the Load and the Bind
+				// (an rm, an expiry): the name may be free, and a lock
+				// on a free name takes it (docs/PROTOCOL.md §6).
+				return h.acquire(ctx, op, req)
+			case err != nil:
 				if errors.Is(err, leasecore.ErrOutcomeUnknown) {
 					h.mu.Lock()
 					h.bindUnknown = true

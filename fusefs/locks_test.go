@@ -364,3 +364,50 @@ func TestNoteAfterOwnUnlockIsDiscarded(t *testing.T) {
 		t.Errorf("the ended lease = %s, note %q, %v; want ended with its note unchanged", l.Status, l.Note, err)
 	}
 }
+
+// endsBeforeBind is a store on which every Bind finds its lease ended just
+// before it (an rm, an expiry between the lock's check and its bind).
+type endsBeforeBind struct{ leasecore.Store }
+
+func (s endsBeforeBind) Bind(ctx context.Context, id string, pid int) (leasecore.Lease, error) {
+	if _, err := s.Store.End(ctx, id, leasecore.StatusComplete); err != nil {
+		return leasecore.Lease{}, err
+	}
+	return s.Store.Bind(ctx, id, pid)
+}
+
+// A lock through the open file that reserved the name, whose reservation
+// ends between the lock's check and its bind, takes the free name as a new
+// handle lease: never ESTALE (docs/PROTOCOL.md §6).
+func TestLockWhoseReservationEndsBeforeTheBindTakesTheName(t *testing.T) {
+	base := newEnv(t, leasecore.Options{})
+	e := newEnvOn(t, base.clock, base.store, endsBeforeBind{base.store})
+	ctx := as(uidAlice)
+	_, h := mustCreate(t, ctx, e.root, "r")
+	reserved := h.leaseID()
+	if errno := h.Setlk(ctx, 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("flock whose reservation ended before the bind = %v, want the name", errno)
+	}
+	l, err := e.store.Live(context.Background(), "r")
+	if err != nil || l.ID == reserved || l.Mode != leasecore.ModeHandle || l.ID != h.leaseID() {
+		t.Fatalf("the name after the lock = %+v, %v; want a new handle lease held by the open file", l, err)
+	}
+}
+
+// Text written through the open file that held a handle lease which another
+// ended (root's rm, an expiry of its etcd session) is ESTALE: the holder
+// learns that it lost its lease, as a payload would tell it.
+func TestNoteAfterTheLeaseWasEndedByAnotherIsESTALE(t *testing.T) {
+	e := newEnv(t, leasecore.Options{})
+	ctx := as(uidAlice)
+	_, h := mustCreate(t, ctx, e.root, "q")
+	if errno := h.Setlk(ctx, 1, flockLk(syscall.F_WRLCK), fuse.FUSE_LK_FLOCK); errno != 0 {
+		t.Fatalf("flock: %v", errno)
+	}
+	if _, err := e.store.End(context.Background(), h.leaseID(), leasecore.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if errno := write(ctx, h, "still mine?"); errno != syscall.ESTALE {
+		t.Errorf("a note after another ended the lease = %v, want ESTALE", errno)
+	}
+}
