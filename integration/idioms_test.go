@@ -42,8 +42,9 @@ func idiomRuns() int {
 // `( flock -n 9 ) 9>FILE` and the same with `flock -w`, whose timeouts
 // interrupt waits that may be granted meanwhile; and a Go client (O_TRUNC
 // + fstat + lseek + blocking flock; O_APPEND + fstat + ftruncate + fcntl
-// F_SETLK) with a 1 ms timer and the runtime's SIGURG. Afterwards every
-// name is free on the mount and in the store.
+// F_SETLK) with a 1 ms timer and the runtime's SIGURG; meanwhile an rm
+// loop ends the fasteners and fcntl clients' leases under them. Afterwards
+// every name is free on the mount and in the store.
 func TestLockLibraryIdioms(t *testing.T) {
 	requireFUSE(t)
 	python := requireTool(t, "python3")
@@ -118,6 +119,11 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 			procs = append(procs, run{id, startProc(t, env, argv...)})
 		}
 	}
+	// Root's rm ends fasteners' and the Go fcntl client's leases under
+	// them, between their opens and their locks too: a lock then takes the
+	// free name, never ESTALE (§6).
+	racer := startProc(t, []string{"A=" + filepath.Join(m, "lib-fasteners"), "B=" + filepath.Join(m, "go-append")},
+		"bash", "-c", `for i in $(seq 1500); do rm -f "$A" "$B"; sleep 0.002; done`)
 	for _, r := range procs {
 		res := r.proc.wait(3 * time.Minute)
 		kv := keyValues(res.stdout)
@@ -131,6 +137,9 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 		case ok == 0:
 			t.Errorf("%s: never acquired in %d iterations: %s", r.idiom.name, runs, res)
 		}
+	}
+	if res := racer.wait(3 * time.Minute); res.code != 0 {
+		t.Errorf("the rm loop: %s", res)
 	}
 	t.Logf("%d idioms × %d processes × %d iterations in %v", len(idioms), idiomProcs, runs, time.Since(start).Round(time.Millisecond))
 	// The last release reaches the daemon just after the last close.
