@@ -152,6 +152,8 @@ func (h *leaseHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Re
 
 // Write carries one command (docs/PROTOCOL.md §4.2): a token renews, a TOML command
 // renews with annotations, completes, abandons or requests a takeover.
+// Other text, through an open file that holds a handle lease by a lock, is
+// the holder's note (§4.2, "Notes": see note, lateNote).
 // Errors: EFBIG over [MaxPayload]; EINVAL for a malformed payload; ESTALE
 // when the handle's lease has ended, or for a token or takeover written
 // through the open that has just reserved the free name; EACCES for a
