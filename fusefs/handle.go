@@ -288,8 +288,19 @@ func (h *leaseHandle) lateNote(ctx context.Context, data []byte) bool {
 	if l, err := h.fsys.store.Load(ctx, id); err == nil && l.Live() {
 		return false // still live: not ended by the unlock after all
 	}
+	_, err := noteText(data)
+	return err == nil
+}
+
+// noteText returns data as a holder's note: white space around it
+// dropped, at most [leasecore.MaxNote] bytes of UTF-8 without NUL, not
+// empty (docs/PROTOCOL.md §4.2, "Notes"). Errors: ErrInvalidArgument.
+func noteText(data []byte) (string, error) {
 	text := strings.TrimSpace(string(data))
-	return text != "" && leasecore.CheckNote(text) == nil
+	if text == "" {
+		return "", fmt.Errorf("%w: an empty note", leasecore.ErrInvalidArgument)
+	}
+	return text, leasecore.CheckNote(text)
 }
 
 // note records text that is not a payload, written through the open file
@@ -299,11 +310,8 @@ func (h *leaseHandle) lateNote(ctx context.Context, data []byte) bool {
 // [leasecore.MaxNote] bytes or not UTF-8 text; EACCES for a caller that is
 // not the holder uid or root; ESTALE once l has ended; ENOSPC, EIO.
 func (h *leaseHandle) note(ctx context.Context, c caller, l leasecore.Lease, data []byte) (uint32, syscall.Errno) {
-	text := strings.TrimSpace(string(data))
-	if err := leasecore.CheckNote(text); err != nil || text == "" {
-		if err == nil {
-			err = errors.New("empty")
-		}
+	text, err := noteText(data)
+	if err != nil {
 		return 0, h.fsys.refuse("write", h.resource, c, syscall.EINVAL, "neither a payload nor a note: "+err.Error())
 	}
 	if !c.mayHold(l) {

@@ -14,9 +14,13 @@ const maxAnnotationLen = 1024
 // checkText validates a string that will be stored in a record: at most
 // maxAnnotationLen bytes of valid UTF-8 without NUL, so that every record
 // written can be read back by a TOML parser.
-func checkText(s string) error {
-	if len(s) > maxAnnotationLen || strings.ContainsRune(s, 0) || !utf8.ValidString(s) {
-		return fmt.Errorf("%w: text longer than %d bytes, with NUL or not valid UTF-8", ErrInvalidArgument, maxAnnotationLen)
+func checkText(s string) error { return checkTextUpTo(s, maxAnnotationLen) }
+
+// checkTextUpTo refuses text longer than max bytes, with NUL or not valid
+// UTF-8. Errors: ErrInvalidArgument.
+func checkTextUpTo(s string, max int) error {
+	if len(s) > max || strings.ContainsRune(s, 0) || !utf8.ValidString(s) {
+		return fmt.Errorf("%w: text longer than %d bytes, with NUL or not valid UTF-8", ErrInvalidArgument, max)
 	}
 	return nil
 }
@@ -181,12 +185,7 @@ const MaxNote = 256
 
 // CheckNote validates a holder's note: at most [MaxNote] bytes of UTF-8
 // without NUL. Errors: ErrInvalidArgument.
-func CheckNote(note string) error {
-	if len(note) > MaxNote || strings.ContainsRune(note, 0) || !utf8.ValidString(note) {
-		return fmt.Errorf("%w: a note is at most %d bytes of UTF-8 without NUL", ErrInvalidArgument, MaxNote)
-	}
-	return nil
-}
+func CheckNote(note string) error { return checkTextUpTo(note, MaxNote) }
 
 // Note records the holder's note on live lease id; see [Store.Note].
 func (s *store) Note(ctx context.Context, id, note string) (Lease, error) {

@@ -236,9 +236,9 @@ func testBind(t *testing.T, open Factory) {
 	}
 }
 
-// testNote records, replaces and clears a holder's note on a live lease,
-// shows it in the lease and its history, refuses one over MaxNote bytes
-// and one on an ended lease (docs/PROTOCOL.md §4.2, "Notes").
+// testNote records and replaces a holder's note on a live lease, shows it
+// in the lease and, once ended, in its record, and refuses one over MaxNote
+// bytes and one on an ended lease (docs/PROTOCOL.md §4.2, "Notes").
 func testNote(t *testing.T, open Factory) {
 	e := newEnv(t, open, 0)
 	ctx := context.Background()
