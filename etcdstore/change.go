@@ -35,7 +35,7 @@ func (s *Store) raced(r *rec, kvs []*mvccpb.KeyValue, rev int64) error {
 		return errRaced
 	}
 	if cur, err := s.decode(kvs[0], true); err == nil {
-		s.setLive(cur)
+		s.learnLive(cur, rev)
 	}
 	return errRaced
 }
@@ -180,7 +180,7 @@ func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change strin
 	nr := &rec{l: l, hash: r.hash, change: change, daemon: s.opts.DaemonID, duration: s.durationOf(r),
 		kv: &mvccpb.KeyValue{Key: []byte(live), Value: []byte(value), CreateRevision: r.kv.CreateRevision, ModRevision: rev, Lease: int64(lid)}}
 	s.mu.Lock()
-	s.setLive(nr)
+	s.learnLive(nr, rev)
 	s.mu.Unlock()
 	return nr, nil
 }

@@ -65,7 +65,7 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 	}
 	myRev := put.Header.Revision
 	s.mu.Lock()
-	s.enqueue(d.Resource, key, myRev)
+	s.learnWaiter(d.Resource, key, myRev, myRev)
 	s.mu.Unlock()
 	// Until the watch has shown the queue up to this key, the store does
 	// not know every older waiter: after watchLag it asks the cluster once.
@@ -143,7 +143,7 @@ func (s *Store) isHead(ctx context.Context, resource, key string) (bool, error) 
 	}
 	s.seeRev(head.Header.Revision)
 	s.mu.Lock()
-	s.enqueue(resource, string(head.Kvs[0].Key), head.Kvs[0].CreateRevision)
+	s.learnWaiter(resource, string(head.Kvs[0].Key), head.Kvs[0].CreateRevision, head.Header.Revision)
 	s.mu.Unlock()
 	return string(head.Kvs[0].Key) == key, nil
 }
@@ -157,6 +157,19 @@ func (s *Store) enqueue(resource, key string, rev int64) {
 		s.queue[resource] = q
 	}
 	q[key] = rev
+}
+
+// learnWaiter records waiter key of resource, created at revision rev,
+// which a call answered at revision at showed ([Store.enqueue]), unless
+// the watch has already shown a change after at: the watch's view then
+// holds the key or its delete, and a key it has seen deleted, recorded
+// again, would stand ahead of every later waiter of the name for as long
+// as the daemon runs. The caller holds mu.
+func (s *Store) learnWaiter(resource, key string, rev, at int64) {
+	if s.watched > at {
+		return
+	}
+	s.enqueue(resource, key, rev)
 }
 
 // dequeue forgets waiter key of resource. The caller holds mu.

@@ -32,7 +32,7 @@ func (s *Store) getLive(ctx context.Context, resource string) (*rec, error) {
 	r, err := s.decode(resp.Kvs[0], true)
 	if err == nil {
 		s.mu.Lock()
-		s.setLive(r)
+		s.learnLive(r, resp.Header.Revision)
 		s.mu.Unlock()
 	}
 	return r, err
@@ -148,7 +148,7 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if r, err := s.decode(kvs[0], true); err == nil {
 			s.mu.Lock()
-			s.setLive(r)
+			s.learnLive(r, resp.Header.Revision)
 			s.mu.Unlock()
 			if r.l.ID == id {
 				return byID{live: r, waiters: resp.Responses[2].GetResponseRange().Count}, false, nil
@@ -251,7 +251,7 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 	if err != nil {
 		return nil, nil, nil
 	}
-	s.setLive(r)
+	s.learnLive(r, resp.Header.Revision)
 	if l := s.snapshot(r, waiters); l.Live() {
 		return nil, &l, nil
 	}

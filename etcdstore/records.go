@@ -120,6 +120,19 @@ func (s *Store) decodeExtra(r *rec) {
 	}
 }
 
+// learnLive records r, which a call answered at revision at read or
+// wrote, as the live lease of its resource ([Store.setLive]), unless the
+// watch has already shown a change after at: the watch's view then holds
+// r or what followed it, and r, whose end the watch may already have
+// applied, would bring back a lease that is gone, in the way of every
+// waiter of the name for as long as the daemon runs. The caller holds mu.
+func (s *Store) learnLive(r *rec, at int64) {
+	if s.watched > at {
+		return
+	}
+	s.setLive(r)
+}
+
 // setLive records r as the live lease of its resource, unless this store
 // already knows a later version of that key (by mod revision), and
 // remembers it. Its own transactions, its reads and its watch all feed it,

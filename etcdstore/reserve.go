@@ -137,7 +137,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 					return leasecore.Grant{}, &leasecore.LeaseHeldError{Holder: leasecore.Lease{Resource: d.Resource, Status: leasecore.StatusActive}}
 				}
 				s.mu.Lock()
-				s.setLive(r)
+				s.learnLive(r, tresp.Header.Revision)
 				dead := s.deadReason(r)
 				held := s.snapshot(r, int64(s.waiting[d.Resource]))
 				s.mu.Unlock()
@@ -167,7 +167,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 				}
 				if head := rs[i+1].GetResponseRange().Kvs; len(head) > 0 && string(head[0].Key) != waiterKey {
 					s.mu.Lock()
-					s.enqueue(d.Resource, string(head[0].Key), head[0].CreateRevision)
+					s.learnWaiter(d.Resource, string(head[0].Key), head[0].CreateRevision, tresp.Header.Revision)
 					s.mu.Unlock()
 					return leasecore.Grant{}, errNotHead
 				}
@@ -181,7 +181,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		r := &rec{l: l, hash: hash, change: chReserved, daemon: s.opts.DaemonID, duration: s.opts.LeaseDuration,
 			kv: &mvccpb.KeyValue{Key: []byte(s.k.live(d.Resource)), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: int64(lid)}}
 		s.mu.Lock()
-		s.setLive(r)
+		s.learnLive(r, rev)
 		waiters := tresp.Responses[len(tresp.Responses)-1].GetResponseRange().Count
 		s.fill(&l, s.opts.LeaseDuration)
 		l.Waiters = int(waiters)

@@ -128,14 +128,14 @@ type Store struct {
 	closing bool               // Close has begun: the session is not granted again
 	rev     int64              // highest revision seen
 	known   map[string]*known  // lease id → what this store knows of it
-	live    map[string]*rec    // resource → live lease, as the watch last showed it
+	live    map[string]*rec    // resource → live lease, as the watch last showed it (a call's answer only until the watch shows a later change: [Store.learnLive])
 	handles map[string]*handle // lease id → a handle lease this store keeps alive on hs
 	hs      hsession           // the etcd lease of this store's handle leases
 	bucket  bucket             // the etcd lease of the token leases reserved or renewed now
 	waiting map[string]int     // resource → waiter keys, as the watch or a read last counted them
 	// queue: resource → waiter key → its create revision, as the watch
 	// showed them up to revision watched (and the store's own Puts and
-	// reads added); a waiter's daemon decides from it alone whether its
+	// reads added, see [Store.learnWaiter]); a waiter's daemon decides from it alone whether its
 	// waiter is at the head (see [Store.acquireOnce]).
 	queue   map[string]map[string]int64
 	watched int64          // the watch (or start's read) has shown every change up to this revision

@@ -67,8 +67,9 @@ func TestLockLibraryIdioms(t *testing.T) {
 	if out, err := exec.Command(debPython, "-c", "import filelock, fasteners, portalocker").CombinedOutput(); err != nil {
 		t.Fatalf("%s cannot import Python's lock libraries (apt-get install python3-filelock python3-fasteners python3-portalocker): %v\n%s", debPython, err, out)
 	}
-	d := startDaemon(t, daemonOpts{})
+	d := startDaemon(t, daemonOpts{metricsAddr: "127.0.0.1:0", extraArgs: []string{"--pprof"}})
 	m := d.mountpoint
+	pprof := strings.TrimSuffix(d.metricsURL(t), "/metrics") + "/debug/pprof/goroutine?debug=1"
 	runs := idiomRuns()
 	n := strconv.Itoa(runs)
 	// The man page's idiom: the subshell's `9>FILE` opens with
@@ -124,6 +125,13 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 	// free name, never ESTALE (§6).
 	racer := startProc(t, []string{"A=" + filepath.Join(m, "lib-fasteners"), "B=" + filepath.Join(m, "go-append")},
 		"bash", "-c", `for i in $(seq 1500); do rm -f "$A" "$B"; sleep 0.002; done`)
+	// Registered after the clients' own cleanups, so that it runs before
+	// they are killed: what the daemon was doing while a client hung.
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpDaemon(t, d, pprof)
+		}
+	})
 	for _, r := range procs {
 		res := r.proc.wait(3 * time.Minute)
 		kv := keyValues(res.stdout)
@@ -154,4 +162,17 @@ if [ -s "$ERR" ]; then echo "# stderr:"; head -5 "$ERR"; fi`
 	if logs := d.stderr(); strings.Contains(logs, "level=ERROR") {
 		t.Errorf("the daemon logged errors:\n%s", tail(logs, 4000))
 	}
+}
+
+// dumpDaemon logs what a failed test needs to tell a hang from a refusal:
+// the daemon's goroutines (from its pprof endpoint), what the store holds,
+// and the end of the daemon's log.
+func dumpDaemon(t *testing.T, d *daemon, pprof string) {
+	if code, body := httpGet(t, pprof); code == 200 {
+		t.Logf("the daemon's goroutines:\n%s", tail(string(body), 30000))
+	}
+	if out, err := exec.Command(leasefsBin, "ls", "--state", d.state, "--json").CombinedOutput(); err == nil {
+		t.Logf("leasefs ls --json: %s", out)
+	}
+	t.Logf("the daemon's log, last lines:\n%s", tail(d.stderr(), 20000))
 }
