@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // stopTree stops the command and every process it started, once the lease
@@ -49,52 +46,21 @@ const killLinger = 5 * time.Second
 // through /proc/PID/task/TID/children (proc(5)).
 func descendants(pid int) []int {
 	var out []int
-	for queue := children(pid); len(queue) > 0; queue = queue[1:] {
+	for queue := procfs.Children(pid); len(queue) > 0; queue = queue[1:] {
 		p := queue[0]
-		if !zombie(p) {
+		if !procfs.Exited(p) {
 			out = append(out, p)
 		}
-		queue = append(queue, children(p)...)
+		queue = append(queue, procfs.Children(p)...)
 	}
 	return out
-}
-
-// children returns the children of every thread of process pid.
-func children(pid int) []int {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	var out []int
-	for _, t := range tasks {
-		data, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		for f := range strings.FieldsSeq(string(data)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
-
-// zombie reports whether process pid has exited and waits to be reaped
-// (or is gone).
-func zombie(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// pid (comm) state …: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(data, ')')
-	f := strings.Fields(string(data[i+1:]))
-	return i < 0 || len(f) == 0 || f[0] == "Z" || f[0] == "X"
 }
 
 // reapOrphans reaps the children of this process that have exited, but for
 // the command itself (cmdPID, which its exec.Cmd waits for): the processes
 // the command left behind and that became this child subreaper's children.
 func reapOrphans(cmdPID int) {
-	for _, c := range children(os.Getpid()) {
+	for _, c := range procfs.Children(os.Getpid()) {
 		if c != cmdPID {
 			var ws unix.WaitStatus
 			_, _ = unix.Wait4(c, &ws, unix.WNOHANG, nil)

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/leasefs/leasefs/etcdstore"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -146,7 +147,7 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.
 		o := eo
 		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
 		o.Logger, o.OnCommit, o.HandleHolders = log, hooks.OnCommit, hooks.HandleHolders
-		o.Host = leasecore.Hostname()
+		o.Host = procfs.Hostname()
 		o.DaemonID = o.Host + ":" + state
 		o.Grace = grace
 		o.OnJeopardy = func(n int) { writeJeopardy(log, state, n) }
@@ -188,7 +189,7 @@ func openForReading(ctx context.Context, state string, sf *storeFlags, stderr io
 	if err != nil {
 		return nil, err
 	}
-	o.Host = leasecore.Hostname()
+	o.Host = procfs.Hostname()
 	o.DaemonID = o.Host + ":" + abs
 	o.HandleHolders = mount.HandleHolders(abs)
 	s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)

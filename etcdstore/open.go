@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -45,7 +46,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		opts.Clock = leasecore.NewSystemClock()
 	}
 	if opts.Host == "" {
-		opts.Host = leasecore.Hostname()
+		opts.Host = procfs.Hostname()
 	}
 	if opts.DaemonID == "" {
 		opts.DaemonID = opts.Host
@@ -78,7 +79,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	s := &Store{
-		cli: cli, opts: opts, k: keys(prefix), bootID: leasecore.BootID(),
+		cli: cli, opts: opts, k: keys(prefix), bootID: procfs.BootID(),
 		ttl: int64((opts.LeaseDuration + opts.Grace + time.Second - 1) / time.Second),
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),

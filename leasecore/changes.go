@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // maxAnnotationLen bounds each annotation string and takeover reason.
@@ -49,7 +51,7 @@ func applyAnnotations(l *Lease, ann Annotations) error {
 			l.PID, l.PIDStartTicks = 0, 0
 			continue
 		}
-		ticks, ok := ProcessStartTicks(pid)
+		ticks, ok := procfs.StartTicks(pid)
 		if !ok {
 			return fmt.Errorf("%w: pid %d is not a running process", ErrInvalidArgument, pid)
 		}

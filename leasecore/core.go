@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // Options configure [OpenFileStore] and [NewMemStore]. The zero value works:
@@ -81,7 +83,7 @@ func (o Options) withDefaults() Options {
 		o.Clock = NewSystemClock()
 	}
 	if o.Host == "" {
-		o.Host = Hostname()
+		o.Host = procfs.Hostname()
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -167,7 +169,7 @@ func newStore(opts Options, disk persister) *store {
 	s := &store{
 		opts:       opts,
 		persist:    disk,
-		bootID:     BootID(),
+		bootID:     procfs.BootID(),
 		leases:     make(map[string]*entry),
 		live:       make(map[string]*entry),
 		perUID:     make(map[uint32]int),
@@ -243,7 +245,7 @@ func (s *store) deadReason(e *entry) string {
 		return ""
 	case l.BootID != "" && s.bootID != "" && l.BootID != s.bootID:
 		return "machine rebooted"
-	case l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && processGone(l.PID, l.PIDStartTicks):
+	case l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && procfs.Gone(l.PID, l.PIDStartTicks):
 		return "holder process gone"
 	}
 	return ""

@@ -4,13 +4,12 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // startSleeper starts `sleep 30` and kills it when the test ends if the test
@@ -40,75 +39,6 @@ func exitedPID(t *testing.T) int {
 	return cmd.Process.Pid
 }
 
-func TestProcessStartTicks(t *testing.T) {
-	t.Parallel()
-	a, ok := ProcessStartTicks(os.Getpid())
-	if !ok || a == 0 {
-		t.Fatalf("ProcessStartTicks(self) = %d, %v", a, ok)
-	}
-	b, ok := ProcessStartTicks(os.Getpid())
-	if !ok || a != b {
-		t.Fatalf("ProcessStartTicks(self) not stable: %d then %d", a, b)
-	}
-	child := startSleeper(t)
-	c, ok := ProcessStartTicks(child.Process.Pid)
-	if !ok || c < a {
-		t.Errorf("child started at %d (%v), before its parent at %d", c, ok, a)
-	}
-	for _, pid := range []int{0, -1, exitedPID(t)} {
-		if ticks, ok := ProcessStartTicks(pid); ok {
-			t.Errorf("ProcessStartTicks(%d) = %d, true; want not ok", pid, ticks)
-		}
-	}
-}
-
-func TestProcessGone(t *testing.T) {
-	t.Parallel()
-	self := os.Getpid()
-	ticks, ok := ProcessStartTicks(self)
-	if !ok {
-		t.Skip("no /proc")
-	}
-	tests := []struct {
-		name  string
-		pid   int
-		ticks uint64
-		want  bool
-	}{
-		{"self with its start time", self, ticks, false},
-		{"self with unknown start time", self, 0, false},
-		{"self with another start time (pid reused)", self, ticks + 1, true},
-		{"exited process", exitedPID(t), ticks, true},
-		{"exited process, unknown start time", exitedPID(t), 0, true},
-		{"no pid", 0, 0, false},
-	}
-	for _, tc := range tests {
-		if got := processGone(tc.pid, tc.ticks); got != tc.want {
-			t.Errorf("%s: processGone(%d, %d) = %v, want %v", tc.name, tc.pid, tc.ticks, got, tc.want)
-		}
-	}
-}
-
-func TestProcessTgid(t *testing.T) {
-	t.Parallel()
-	if got := ProcessTgid(os.Getpid()); got != os.Getpid() {
-		t.Errorf("ProcessTgid(self) = %d", got)
-	}
-	done := make(chan int)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		done <- unix.Gettid()
-	}()
-	tid := <-done
-	if got := ProcessTgid(tid); got != os.Getpid() {
-		t.Errorf("ProcessTgid(thread %d) = %d, want %d", tid, got, os.Getpid())
-	}
-	if got := ProcessTgid(-3); got != -3 {
-		t.Errorf("ProcessTgid(-3) = %d", got)
-	}
-}
-
 func TestHolderPIDDeathEndsLease(t *testing.T) {
 	t.Parallel()
 	s, clock, _ := newTestStore(t, Options{})
@@ -119,7 +49,7 @@ func TestHolderPIDDeathEndsLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ticks, _ := ProcessStartTicks(pid)
+	ticks, _ := procfs.StartTicks(pid)
 	if g.Lease.PID != pid || g.Lease.PIDStartTicks != ticks || ticks == 0 {
 		t.Fatalf("lease pid %d ticks %d, want %d %d", g.Lease.PID, g.Lease.PIDStartTicks, pid, ticks)
 	}
@@ -197,7 +127,7 @@ func rewriteRecord(t *testing.T, state, id string, mut func(*rec)) {
 
 func TestBootIDMismatchEndsLease(t *testing.T) {
 	t.Parallel()
-	if BootID() == "" {
+	if procfs.BootID() == "" {
 		t.Skip("no boot id on this machine")
 	}
 	for _, withPID := range []bool{false, true} {
@@ -263,14 +193,14 @@ func TestPIDReuseEndsLease(t *testing.T) {
 
 func TestBootIDFormat(t *testing.T) {
 	t.Parallel()
-	id := BootID()
+	id := procfs.BootID()
 	if id == "" {
 		t.Skip("no boot id")
 	}
 	if id != strings.TrimSpace(id) || len(id) != 36 || strings.Count(id, "-") != 4 {
-		t.Errorf("BootID() = %q, want a UUID", id)
+		t.Errorf("procfs.BootID() = %q, want a UUID", id)
 	}
-	if BootID() != id {
+	if procfs.BootID() != id {
 		t.Error("BootID not stable")
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
@@ -27,7 +28,7 @@ func testRecord(resource string, generation uint64) *rec {
 	return &rec{Lease: Lease{
 		ID:          NewLeaseID(),
 		Resource:    resource,
-		BootID:      BootID(),
+		BootID:      procfs.BootID(),
 		HeartbeatAt: testStart,
 		StartedAt:   testStart,
 		Status:      StatusActive,
@@ -192,7 +193,7 @@ func TestRecordHasReferenceFields(t *testing.T) {
 	wantStrings := map[string]string{
 		"lease_id": g.Lease.ID, "thread": "feature/x", "actor_session_id": "agent-one",
 		"task_assignment_id": "task-7", "anchor_state": "hd-state", "anchor_root": "root",
-		"path": "/src/x", "token_hash": HashToken(g.Token), "boot_id": BootID(), "status": "complete",
+		"path": "/src/x", "token_hash": HashToken(g.Token), "boot_id": procfs.BootID(), "status": "complete",
 	}
 	for k, want := range wantStrings {
 		if got, ok := rec[k].(string); !ok || got != want {

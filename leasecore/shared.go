@@ -1,5 +1,7 @@
 package leasecore
 
+import "github.com/leasefs/leasefs/internal/procfs"
+
 // Helpers for stores outside this package (the etcd store of
 // docs/PROTOCOL.md §8a), so that every store validates, encodes and judges
 // leases by the same rules as the file store. All are pure functions, safe
@@ -47,7 +49,7 @@ func LocalDeadReason(l Lease, bootID string) string {
 	switch {
 	case l.BootID != "" && bootID != "" && l.BootID != bootID:
 		return "machine rebooted"
-	case l.PID > 0 && (l.BootID == "" || l.BootID == bootID) && processGone(l.PID, l.PIDStartTicks):
+	case l.PID > 0 && (l.BootID == "" || l.BootID == bootID) && procfs.Gone(l.PID, l.PIDStartTicks):
 		return "holder process gone"
 	}
 	return ""

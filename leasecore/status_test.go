@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // requiredKeys are the status document keys of docs/PROTOCOL.md §4.1 that every token
@@ -52,7 +54,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 	keys := docKeys(t, doc)
 	// boot_id is recorded at reserve (docs/PROTOCOL.md §5 rule 3) and is optional.
 	want := slices.Clone(requiredKeys)
-	if BootID() != "" {
+	if procfs.BootID() != "" {
 		want = append(want, "boot_id")
 	}
 	if !slices.Equal(keys, want) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
@@ -123,8 +124,8 @@ func TestReserveGrant(t *testing.T) {
 		!l.ExpiresAt.Equal(testStart.Add(DefaultLeaseDuration)) || !l.CompletedAt.IsZero() {
 		t.Errorf("times: started %v heartbeat %v expires %v completed %v", l.StartedAt, l.HeartbeatAt, l.ExpiresAt, l.CompletedAt)
 	}
-	if l.BootID != BootID() {
-		t.Errorf("BootID = %q, want %q", l.BootID, BootID())
+	if l.BootID != procfs.BootID() {
+		t.Errorf("BootID = %q, want %q", l.BootID, procfs.BootID())
 	}
 	got, err := s.Live(ctx, "feature-a")
 	if err != nil || got.ID != l.ID || got.Generation != l.Generation {

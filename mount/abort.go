@@ -1,47 +1,22 @@
 package mount
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
-	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // fusectlDir is where the fusectl filesystem exposes one directory per
 // FUSE connection, with an abort file in each (kernel FUSE documentation).
 const fusectlDir = "/sys/fs/fuse/connections"
-
-// killPending reports whether process pid has a SIGKILL pending: it has
-// been killed but has not exited, because one of its threads is blocked in
-// the kernel (proc(5): SigPnd, ShdPnd).
-func killPending(pid int) bool {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		key, val, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (key != "SigPnd" && key != "ShdPnd") {
-			continue
-		}
-		mask, err := strconv.ParseUint(strings.TrimSpace(val), 16, 64)
-		if err == nil && mask&(1<<(unix.SIGKILL-1)) != 0 {
-			return true
-		}
-	}
-	return false
-}
 
 // AbortConnection aborts the leasefs FUSE connection mounted on mp through
 // fusectl, mounting fusectl on /sys/fs/fuse/connections first if needed
@@ -71,7 +46,7 @@ func AbortConnection(mp string) error {
 // its own mount, waiting for a request that only it could answer. Aborting
 // its connection frees it. It reports whether it aborted.
 func abortDyingHolder(held *daemonlock.HeldError, mp string, log *slog.Logger) bool {
-	if held.Holder.PID <= 0 || held.Holder.Host != leasecore.Hostname() || !killPending(held.Holder.PID) {
+	if held.Holder.PID <= 0 || held.Holder.Host != procfs.Hostname() || !procfs.KillPending(held.Holder.PID) {
 		return false
 	}
 	target := mp

@@ -95,12 +95,3 @@ func TestContainingMount(t *testing.T) {
 		t.Errorf("readMounts found no mounts in /proc/self/mountinfo")
 	}
 }
-
-func TestKillPending(t *testing.T) {
-	if killPending(os.Getpid()) {
-		t.Errorf("killPending(self) = true")
-	}
-	if killPending(1 << 30) {
-		t.Errorf("killPending(no such pid) = true")
-	}
-}

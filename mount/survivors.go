@@ -14,6 +14,7 @@ import (
 	"github.com/leasefs/leasefs/fusefs"
 	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/internal/openfiles"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -45,7 +46,7 @@ func readMountsRecord(state string) []int {
 		return nil
 	}
 	var r mountsRecord
-	if json.Unmarshal(b, &r) != nil || r.BootID != leasecore.BootID() {
+	if json.Unmarshal(b, &r) != nil || r.BootID != procfs.BootID() {
 		return nil
 	}
 	return r.Mounts
@@ -61,7 +62,7 @@ func writeMountsRecord(state string, mounts []int) error {
 	for _, p := range leftovers {
 		_ = os.Remove(p)
 	}
-	b, err := json.MarshalIndent(mountsRecord{BootID: leasecore.BootID(), Mounts: mounts, UpdatedAt: time.Now().UTC()}, "", "  ")
+	b, err := json.MarshalIndent(mountsRecord{BootID: procfs.BootID(), Mounts: mounts, UpdatedAt: time.Now().UTC()}, "", "  ")
 	if err != nil {
 		return err
 	}

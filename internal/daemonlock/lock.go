@@ -17,7 +17,7 @@ import (
 	"github.com/google/renameio/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // ErrHeld matches, under errors.Is, every *[HeldError] returned by
@@ -31,10 +31,10 @@ var ErrHeld = errors.New("daemonlock: lock held")
 type Holder struct {
 	// PID is the holder's process id; 0 when unknown.
 	PID int `json:"pid"`
-	// BootID is the holder machine's boot id (see [leasecore.BootID]); ""
+	// BootID is the holder machine's boot id (see [procfs.BootID]); ""
 	// when unknown.
 	BootID string `json:"bootId"`
-	// Host is the holder's host name (see [leasecore.Hostname]).
+	// Host is the holder's host name (see [procfs.Hostname]).
 	Host string `json:"host"`
 	// Client is a human label, e.g. "leasefs mount /mnt/leases".
 	Client string `json:"client"`
@@ -50,13 +50,13 @@ type Holder struct {
 }
 
 // CurrentHolder describes this process as a lock holder labelled client:
-// its pid, [leasecore.BootID], [leasecore.Hostname] and the current
+// its pid, [procfs.BootID], [procfs.Hostname] and the current
 // wall-clock time as StartedAt.
 func CurrentHolder(client string) Holder {
 	return Holder{
 		PID:       os.Getpid(),
-		BootID:    leasecore.BootID(),
-		Host:      leasecore.Hostname(),
+		BootID:    procfs.BootID(),
+		Host:      procfs.Hostname(),
 		Client:    client,
 		StartedAt: time.Now(),
 	}
@@ -91,7 +91,7 @@ func (h Holder) String() string {
 }
 
 // Dead reports whether h is certainly gone: it ran on this host (h.Host ==
-// [leasecore.Hostname]) during this boot (h.BootID == [leasecore.BootID],
+// [procfs.Hostname]) during this boot (h.BootID == [procfs.BootID],
 // both non-empty), its pid is positive, and kill(pid, 0) fails with ESRCH. It
 // returns false whenever it cannot be sure: another host or boot, unknown
 // fields, or EPERM (the process exists but belongs to another user). A pid
@@ -103,7 +103,7 @@ func (h Holder) Dead() bool {
 	if h.PID <= 0 || h.Host == "" || h.BootID == "" {
 		return false
 	}
-	if h.Host != leasecore.Hostname() || h.BootID != leasecore.BootID() {
+	if h.Host != procfs.Hostname() || h.BootID != procfs.BootID() {
 		return false
 	}
 	// kill(2) with signal 0 checks for existence without sending anything.

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // lockHelperEnv names the lock file that TestHelperProcessHoldsLock holds when
@@ -170,7 +170,7 @@ func TestLockReleasedWhenHolderKilled(t *testing.T) {
 	if !ok || stale.PID != pid {
 		t.Fatalf("stale metadata = %+v, %v; want pid %d", stale, ok, pid)
 	}
-	if leasecore.BootID() != "" && !stale.Dead() {
+	if procfs.BootID() != "" && !stale.Dead() {
 		t.Errorf("killed holder %v is not reported dead", stale)
 	}
 
@@ -291,8 +291,8 @@ func TestLockMetadata(t *testing.T) {
 
 	want := Holder{
 		PID:       os.Getpid(),
-		BootID:    leasecore.BootID(),
-		Host:      leasecore.Hostname(),
+		BootID:    procfs.BootID(),
+		Host:      procfs.Hostname(),
 		Client:    "leasefs mount /mnt/x",
 		StartedAt: time.Date(2026, 11, 30, 2, 0, 0, 123456789, time.UTC),
 	}
@@ -482,7 +482,7 @@ func TestHolderDead(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.want {
-				if leasecore.BootID() == "" {
+				if procfs.BootID() == "" {
 					t.Skip("no boot id on this machine: Dead cannot be sure")
 				}
 				if err := unix.Kill(tt.h.PID, 0); !errors.Is(err, unix.ESRCH) {
@@ -521,11 +521,11 @@ func TestCurrentHolder(t *testing.T) {
 	t.Parallel()
 	before := time.Now()
 	h := CurrentHolder("leasefs mount /mnt/z")
-	if h.PID != os.Getpid() || h.BootID != leasecore.BootID() || h.Host != leasecore.Hostname() ||
+	if h.PID != os.Getpid() || h.BootID != procfs.BootID() || h.Host != procfs.Hostname() ||
 		h.Client != "leasefs mount /mnt/z" || h.StartedAt.Before(before) {
 		t.Errorf("CurrentHolder = %+v", h)
 	}
-	if leasecore.Hostname() == "" {
+	if procfs.Hostname() == "" {
 		t.Error("Hostname is empty")
 	}
 }

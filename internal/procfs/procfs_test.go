@@ -1,0 +1,138 @@
+package procfs
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// startSleeper starts `sleep 30`, killed when the test ends if it has not
+// been already.
+func startSleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start sleep: %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// exitedPID returns the pid of a child that has exited and been reaped.
+func exitedPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("cannot run true: %v", err)
+	}
+	return cmd.Process.Pid
+}
+
+func TestStartTicks(t *testing.T) {
+	t.Parallel()
+	a, ok := StartTicks(os.Getpid())
+	if !ok || a == 0 {
+		t.Fatalf("StartTicks(self) = %d, %v", a, ok)
+	}
+	b, ok := StartTicks(os.Getpid())
+	if !ok || a != b {
+		t.Fatalf("StartTicks(self) not stable: %d then %d", a, b)
+	}
+	child := startSleeper(t)
+	c, ok := StartTicks(child.Process.Pid)
+	if !ok || c < a {
+		t.Errorf("child started at %d (%v), before its parent at %d", c, ok, a)
+	}
+	for _, pid := range []int{0, -1, exitedPID(t)} {
+		if ticks, ok := StartTicks(pid); ok {
+			t.Errorf("StartTicks(%d) = %d, true; want not ok", pid, ticks)
+		}
+	}
+}
+
+func TestExited(t *testing.T) {
+	t.Parallel()
+	child := startSleeper(t)
+	if Exited(os.Getpid()) || Exited(child.Process.Pid) {
+		t.Fatal("a running process reported as exited")
+	}
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Killed, not yet reaped: a zombie has exited.
+	for !Exited(child.Process.Pid) {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(child.Process.Pid)); err != nil {
+			t.Fatalf("the killed child vanished before it was reaped: %v", err)
+		}
+	}
+	child.Wait()
+	if !Exited(child.Process.Pid) || !Exited(exitedPID(t)) || !Exited(0) {
+		t.Error("a reaped process or pid 0 reported as running")
+	}
+}
+
+func TestGone(t *testing.T) {
+	t.Parallel()
+	self := os.Getpid()
+	ticks, ok := StartTicks(self)
+	if !ok {
+		t.Fatal("no /proc")
+	}
+	tests := []struct {
+		name  string
+		pid   int
+		ticks uint64
+		want  bool
+	}{
+		{"self with its start time", self, ticks, false},
+		{"self with unknown start time", self, 0, false},
+		{"self with another start time (pid reused)", self, ticks + 1, true},
+		{"exited process", exitedPID(t), ticks, true},
+		{"exited process, unknown start time", exitedPID(t), 0, true},
+		{"no pid", 0, 0, false},
+	}
+	for _, tc := range tests {
+		if got := Gone(tc.pid, tc.ticks); got != tc.want {
+			t.Errorf("%s: Gone(%d, %d) = %v, want %v", tc.name, tc.pid, tc.ticks, got, tc.want)
+		}
+	}
+}
+
+func TestKillPendingAndChildren(t *testing.T) {
+	t.Parallel()
+	child := startSleeper(t)
+	for _, pid := range []int{os.Getpid(), child.Process.Pid, 1 << 30} {
+		if KillPending(pid) {
+			t.Errorf("KillPending(%d) = true, for a running process or no process", pid)
+		}
+	}
+	found := false
+	for _, c := range Children(os.Getpid()) {
+		found = found || c == child.Process.Pid
+	}
+	if !found {
+		t.Errorf("Children(self) = %v, want it to hold %d", Children(os.Getpid()), child.Process.Pid)
+	}
+}
+
+func TestBootIDAndHostname(t *testing.T) {
+	t.Parallel()
+	id := BootID()
+	if id != strings.TrimSpace(id) || len(id) != 36 || strings.Count(id, "-") != 4 {
+		t.Errorf("BootID() = %q, want a UUID", id)
+	}
+	if BootID() != id {
+		t.Error("BootID not stable")
+	}
+	h := Hostname()
+	if want, err := os.Hostname(); err == nil && want != "" && h != want {
+		t.Errorf("Hostname() = %q, want %q from os.Hostname", h, want)
+	}
+}
