@@ -14,7 +14,8 @@
 // documented on [keys] and in docs/PROTOCOL.md §8a.
 //
 // No etcd lease is granted per lease: token leases live on shared buckets
-// and handle leases on one handle session per daemon (keepalive.go). A
+// (buckets.go) and handle leases on one handle session per daemon
+// (keepalive.go). A
 // handle lease ends for its store at the session's local deadline, which
 // comes before etcd can expire it (docs/PROTOCOL.md §8a).
 //
@@ -23,8 +24,9 @@
 // change.go (renew, end), read.go (what each read asks the cluster),
 // records.go (the record codec and the store's view of live leases),
 // watch.go (the watch that feeds that view and the change feed), queue.go
-// (Acquire's first come, first served queue), keepalive.go (buckets and
-// the handle session), reaper.go and namespaces.go.
+// (Acquire's first come, first served queue), buckets.go (the etcd leases
+// of token leases), keepalive.go (the handle session), jeopardy.go,
+// known.go, reaper.go and namespaces.go.
 //
 // Reads follow docs/PROTOCOL.md §3: a lookup is one linearizable read; a
 // read through an open descriptor answers from the store's view, fed by
