@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 // and checks that the table has every row with non-zero numbers and that the
 // report files and the daemon's profiles are written. It asserts no timing.
 func TestQuickSmoke(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	before := benchMounts()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
@@ -107,18 +108,6 @@ func benchMounts() int {
 	return n
 }
 
-// requireFUSE skips t unless it runs as root with /dev/fuse, and fails it
-// instead when LEASEFS_REQUIRE_FUSE=1 (as CI sets it).
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 || !fileExists("/dev/fuse") {
-		if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
-			t.Fatal("LEASEFS_REQUIRE_FUSE=1 but this is not root with /dev/fuse")
-		}
-		t.Skip("needs root and /dev/fuse")
-	}
-}
-
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
@@ -132,7 +121,7 @@ func TestTraceCells(t *testing.T) {
 	if _, err := parseFlags([]string{"-trace"}, &bytes.Buffer{}); err == nil {
 		t.Error("-trace without -profile was accepted")
 	}
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out, prof := t.TempDir(), t.TempDir()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // holdWithFlock holds name with flock(1) in another process until the test
@@ -193,12 +194,12 @@ func TestLockWaitsAndIsGranted(t *testing.T) {
 		}
 		granted <- h
 	}()
-	waitFor(t, "two waiters", func() bool { return waiters(t, "queue") == 2 })
+	testenv.WaitFor(t, "two waiters", func() bool { return waiters(t, "queue") == 2 })
 	cancel()
 	if err := <-gotCancelled; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled Lock: %v, want context.Canceled", err)
 	}
-	waitFor(t, "one waiter after the cancel", func() bool { return waiters(t, "queue") == 1 })
+	testenv.WaitFor(t, "one waiter after the cancel", func() bool { return waiters(t, "queue") == 1 })
 	gen := holder.Generation()
 	if err := holder.Unlock(); err != nil {
 		t.Fatal(err)
@@ -238,7 +239,7 @@ func TestLeasesSurviveADaemonRestart(t *testing.T) {
 	lostToken, lostHandle := l.KeepAlive(ctx), h.KeepAlive(ctx)
 
 	restartDaemon(t)
-	waitFor(t, "both leases taken back", func() bool {
+	testenv.WaitFor(t, "both leases taken back", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		back := map[string]bool{}
@@ -285,13 +286,4 @@ func waiters(t *testing.T, name string) int {
 		}
 	}
 	return 0
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -238,31 +239,12 @@ func mapsEqual(a, b map[string]int) bool {
 	return true
 }
 
-// requireFUSE skips the test unless it can mount (root, /dev/fuse), or
-// fails it when LEASEFS_REQUIRE_FUSE=1.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "FUSE unavailable: " + err.Error()
-	} else if os.Geteuid() != 0 {
-		why = "mounting in-process needs root"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
-		t.Fatal("LEASEFS_REQUIRE_FUSE=1 but " + why)
-	}
-	t.Skip(why)
-}
-
 // mountEtcd mounts, in this process, a daemon serving an etcd store on srv
 // (prefix /cost) with leaseDuration, whose client calls c counts, and
 // unmounts it when t ends. It returns the mountpoint and the store.
 func mountEtcd(t *testing.T, srv *etcdtest.Server, c *rpcCounter, leaseDuration time.Duration) (string, *Store) {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	state, mp := t.TempDir(), t.TempDir()
 	ready := make(chan *Store, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -400,16 +382,6 @@ func TestSystemCallCost(t *testing.T) {
 	_ = over
 }
 
-// waitFor polls cond every 10 ms for at most 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 20 s", what)
-		}
-	}
-}
-
 // queued returns how many waiter keys of resource s's watch has shown.
 func queued(s *Store, resource string) int {
 	s.mu.Lock()
@@ -444,9 +416,9 @@ func TestHandOverCost(t *testing.T) {
 		return ch
 	}
 	headDone := locked(head)
-	waitFor(t, "the head waiter queues", func() bool { return queued(sa, "q") == 1 && queued(sb, "q") == 1 })
+	testenv.WaitFor(t, "the head waiter queues", func() bool { return queued(sa, "q") == 1 && queued(sb, "q") == 1 })
 	secondDone := locked(second)
-	waitFor(t, "the second waiter queues", func() bool { return queued(sa, "q") == 2 && queued(sb, "q") == 2 })
+	testenv.WaitFor(t, "the second waiter queues", func() bool { return queued(sa, "q") == 2 && queued(sb, "q") == 2 })
 
 	got := measureAll(t, srv, []*rpcCounter{ca, cb}, func() {
 		if err := syscall.Flock(holder, syscall.LOCK_UN); err != nil {

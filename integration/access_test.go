@@ -5,13 +5,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // startSharedDaemon starts a daemon with --allow-other whose mountpoint uid 65534 can reach,
 // and checks that nobody can run python3 and stat the mount root.
 func startSharedDaemon(t *testing.T) *daemon {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	mp := t.TempDir()
 	// t.TempDir's per-test parent is 0700; nobody must be able to walk to the mountpoint.
 	if err := os.Chmod(filepath.Dir(mp), 0o755); err != nil {

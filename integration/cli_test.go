@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // TestUnprivilegedMountExplained runs `leasefs mount` as uid 65534 on a mountpoint that only
@@ -13,7 +15,7 @@ import (
 // mounts nothing.
 func TestUnprivilegedMountExplained(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	setpriv := requireTool(t, "setpriv")
 	requireTool(t, "fusermount3")
 	asNobody := []string{setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups"}
@@ -73,7 +75,7 @@ func TestUnprivilegedMountExplained(t *testing.T) {
 func TestLsPermissionDenied(t *testing.T) {
 	fileStoreOnly(t, "the permissions of the state directory decide who may list")
 	t.Parallel()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	setpriv := requireTool(t, "setpriv")
 	d := startDaemon(t, daemonOpts{})
 	reserve(t, filepath.Join(d.mountpoint, "kept"))

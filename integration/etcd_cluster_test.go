@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // pyExclRacer waits for a line on stdin, then creates $P with
@@ -251,7 +252,7 @@ func unixTime(t testing.TB, s string) time.Time {
 // is stopped in the middle. No two holders of a name overlap, grants go on
 // after the election, and no holder loses the lease it was granted.
 func TestEtcdClusterLeaderLoss(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	members := etcdtest.StartCluster(t, 3)
 	store := []string{"--store", "etcd://" + etcdtest.Endpoints(members) + "/leasefs-cluster"}
 	a := startDaemon(t, daemonOpts{leaseDuration: 5 * time.Second, extraArgs: store})
@@ -384,7 +385,7 @@ fcntl.flock(fd, fcntl.LOCK_UN)
 // answer ESTALE, B's waiters get the names only after that, and the log
 // shows no two holders of a name at any moment (docs/PROTOCOL.md §8a).
 func TestEtcdCutOffHolder(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	const ttl, grace = 2 * time.Second, 2 * time.Second
 	const margin = 4 * time.Second
 	srv := etcdtest.Start(t)
@@ -453,7 +454,7 @@ func TestEtcdCutOffHolder(t *testing.T) {
 // holder on the other exits: reservations, keep-alives and the watch all
 // pass through the proxy.
 func TestEtcdThroughGRPCProxy(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	bin := requireTool(t, "etcd")
 	srv := etcdtest.Start(t)
 	ports, err := freeLoopbackPorts(1)

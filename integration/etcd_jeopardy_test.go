@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // Handle leases ride out an etcd leader election (docs/PROTOCOL.md §8a,
@@ -68,7 +69,7 @@ out("overlaps", " ".join(overlaps))
 // lease duration and a grace period that covers an election, no handle
 // lease ends and no name is ever held twice.
 func TestEtcdLeaderKilledKeepsHandleLeases(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	// An election timeout of 2 s (etcd's default is 1 s): a follower
 	// starts the election 2 s to 4 s after the kill, so that an election
 	// can outlast the local deadline of a 3 s lease duration (2 s after
@@ -285,7 +286,7 @@ func awaitJeopardy(t *testing.T, d *daemon, n int) {
 // not count jeopardy as a lost lease; leasefs status and the metrics count
 // the leases in jeopardy, then saved.
 func TestEtcdJeopardyCallsWait(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
 	prefix := "/leasefs-jeopardy-calls"

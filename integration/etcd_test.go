@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // TestEtcdTwoMounts serves one etcd store (docs/PROTOCOL.md §8a) through
@@ -107,7 +108,7 @@ func TestEtcdTwoMounts(t *testing.T) {
 // SIGTERM and lock exits 4, as when the daemon stops (docs/PROTOCOL.md
 // §8a). The loss is one log line and shows in the metrics.
 func TestEtcdLockLostWithCluster(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
 	d := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second, metricsAddr: "127.0.0.1:0",
@@ -201,7 +202,7 @@ func TestEtcdDaemonEndsOnlyItsOwnHandleLeases(t *testing.T) {
 // share its key prefix, and returns the --store flags that name it.
 func startTwoEtcdDaemons(t *testing.T, prefix string) (store []string, a, b *daemon) {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	srv := etcdtest.Start(t)
 	store = []string{"--store", "etcd://" + srv.Endpoint() + prefix}
 	return store, startDaemon(t, daemonOpts{extraArgs: store}), startDaemon(t, daemonOpts{extraArgs: store})

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // gofrsFlock is the module whose own test suite TestGofrsFlockSuite runs
@@ -32,7 +34,7 @@ var gofrsExpectedFailures = []string{
 // documented refusals, which must fail: a pass there would mean the suite
 // did not run on the mount.
 func TestGofrsFlockSuite(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	out, err := exec.Command("go", "mod", "download", "-json", gofrsFlock).Output()
 	if err != nil {
 		t.Fatalf("go mod download %s: %v\n%s", gofrsFlock, err, out)

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -111,35 +112,12 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// fuseRequired reports whether LEASEFS_REQUIRE_FUSE=1 asks for failures instead of skips.
-func fuseRequired() bool { return os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" }
-
-// skipOrFail skips the test, or fails it when LEASEFS_REQUIRE_FUSE=1.
-func skipOrFail(t testing.TB, format string, args ...any) {
-	t.Helper()
-	if fuseRequired() {
-		t.Fatalf("LEASEFS_REQUIRE_FUSE=1 but "+format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
-// requireFUSE skips (or fails, see [skipOrFail]) unless /dev/fuse exists and we are root.
-func requireFUSE(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		skipOrFail(t, "FUSE unavailable: %v", err)
-	}
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "the integration tests need root (euid %d)", os.Geteuid())
-	}
-}
-
-// requireTool skips (or fails, see [skipOrFail]) unless the named program is on PATH.
+// requireTool skips (or fails, see [testenv.SkipOrFail]) unless the named program is on PATH.
 func requireTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		skipOrFail(t, "%s not installed: %v", name, err)
+		testenv.SkipOrFail(t, "%s not installed: %v", name, err)
 	}
 	return p
 }
@@ -208,7 +186,7 @@ type daemon struct {
 // daemon if it still runs and always detaches the mountpoint.
 func startDaemon(t testing.TB, opts daemonOpts) *daemon {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	mp := opts.mountpoint
 	if mp == "" {
 		mp = t.TempDir()

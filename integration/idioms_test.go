@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // idiomProcs and idiomIterations are the load of TestLockLibraryIdioms:
@@ -46,7 +48,7 @@ func idiomRuns() int {
 // loop ends the fasteners and fcntl clients' leases under them. Afterwards
 // every name is free on the mount and in the store.
 func TestLockLibraryIdioms(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	python := requireTool(t, "python3")
 	requireTool(t, "flock")
 	bin := filepath.Join(t.TempDir(), "idioms")

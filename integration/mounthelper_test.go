@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -36,17 +37,17 @@ const helperLog = "leasefs.log"
 // and nsenter are there.
 func requireHelperTools(t *testing.T) {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	for _, tool := range []string{"mount", "umount", "unshare", "nsenter"} {
 		requireTool(t, tool)
 	}
 	if _, err := os.Stat("/sbin/mount.fuse3"); err != nil {
 		if _, err := os.Stat("/usr/sbin/mount.fuse3"); err != nil {
-			skipOrFail(t, "mount.fuse3 not installed (fuse3)")
+			testenv.SkipOrFail(t, "mount.fuse3 not installed (fuse3)")
 		}
 	}
 	if st, err := os.Stat("/usr/local/sbin"); err != nil || !st.IsDir() {
-		skipOrFail(t, "/usr/local/sbin is not a directory: %v", err)
+		testenv.SkipOrFail(t, "/usr/local/sbin is not a directory: %v", err)
 	}
 }
 

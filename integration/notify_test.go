@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -90,7 +91,7 @@ func TestNotifyReadyStopping(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			requireFUSE(t)
+			testenv.RequireFUSE(t)
 			mp := t.TempDir()
 			if real, err := filepath.EvalSymlinks(mp); err == nil {
 				mp = real

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // Disk faults: the state directory sits on a small tmpfs under a running
@@ -71,10 +73,10 @@ type diskFS struct {
 // mountDiskFS mounts a tmpfs of size (e.g. "2m") in a new t.TempDir().
 func mountDiskFS(t *testing.T, size string) *diskFS {
 	t.Helper()
-	requireFUSE(t) // root, which mount(2) needs too
+	testenv.RequireFUSE(t) // root, which mount(2) needs too
 	dir := t.TempDir()
 	if err := unix.Mount("leasefs-test-state", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+size+",mode=0755"); err != nil {
-		skipOrFail(t, "mount a tmpfs for the state directory: %v", err)
+		testenv.SkipOrFail(t, "mount a tmpfs for the state directory: %v", err)
 	}
 	// Registered before the daemon's cleanup, so it runs after the daemon has stopped.
 	t.Cleanup(func() { unmountAllLazily(t, dir) })
@@ -562,7 +564,7 @@ func sameLeases(a, b []map[string]any) bool {
 // refused with ENOSPC/EIO and the violations found.
 func TestReliabilityDisk(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	tl := newOutcomeTally()
 	t.Cleanup(func() {
 		recordFigure("disk faults", "faults injected", tl.get("faults"))

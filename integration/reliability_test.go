@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // The reliability suite. Run it with
@@ -42,7 +44,7 @@ var relNames = []string{"n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"}
 // configuration; the fleet is not started.
 func setupReliability(t *testing.T, logDir string) (*daemon, fleetConfig) {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	requireTool(t, "flock")
 	requireTool(t, "bash")
 	python := otherPython(t)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/refusal"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // Other users: with --allow-other, uid 65534 (nobody) attacks root's leases
@@ -40,7 +41,7 @@ func nobodyArgv(t testing.TB, code string) []string {
 // uid 65534 can reach, so that only the state directory's own mode keeps it out.
 func startUsersDaemon(t *testing.T) *daemon {
 	t.Helper()
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	mp := t.TempDir()
 	stateParent := t.TempDir()
 	// t.TempDir's per-test parent is 0700; open it so that nobody can walk to both.
@@ -87,7 +88,7 @@ func revealsSecret(s string, hashes []string) string {
 // and the violations found. It is not parallel, so that the latency figures are measured
 // while no other integration test runs.
 func TestReliabilityUsers(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	tl := newOutcomeTally()
 	latency := map[string]string{}
 	t.Cleanup(func() {

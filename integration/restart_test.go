@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // Handle leases across daemon restarts (docs/PROTOCOL.md §2, "Handle leases
@@ -257,7 +258,7 @@ func TestLockAcrossRestart(t *testing.T) {
 func TestEtcdLockStopsCommandBeforeTheClusterExpiresIt(t *testing.T) {
 	t.Parallel()
 	requireTool(t, "flock")
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	srv := etcdtest.Start(t)
 	store := []string{"--store", "etcd://" + srv.Endpoint() + "/leasefs-away"}
 	a := startDaemon(t, daemonOpts{extraArgs: store, leaseDuration: 3 * time.Second})

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // TestSignalsNeverFailCalls runs lease cycles, renewals, handle cycles,
@@ -22,7 +23,7 @@ import (
 // one for both clients. It runs on the pass's store and, in the file pass,
 // on an embedded etcd server too.
 func TestSignalsNeverFailCalls(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	python := requireTool(t, "python3")
 	bin := filepath.Join(t.TempDir(), "sigclient")
 	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/sigclient").CombinedOutput(); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore/clocktest"
 )
 
@@ -182,12 +183,12 @@ func TestWaitersArePublished(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, "two waiters", func() bool {
+	testenv.WaitFor(t, "two waiters", func() bool {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 2
 	})
 	// The daemon's writer publishes the counts soon after they change.
-	waitFor(t, "two waiters in a read-only store", func() bool {
+	testenv.WaitFor(t, "two waiters in a read-only store", func() bool {
 		ro, err := OpenFileStore(state, Options{Clock: clock, ReadOnly: true, Logger: quietLogger})
 		if err != nil {
 			t.Fatal(err)
@@ -206,23 +207,10 @@ func TestWaitersArePublished(t *testing.T) {
 			t.Errorf("cancelled Acquire = %v, want context.Canceled", err)
 		}
 	}
-	waitFor(t, "the waiters file removed after the last waiter left", func() bool {
+	testenv.WaitFor(t, "the waiters file removed after the last waiter left", func() bool {
 		_, err := os.Stat(filepath.Join(state, waitersName))
 		return os.IsNotExist(err)
 	})
-}
-
-// waitFor polls cond until it holds; the 10 s bound is a guard against a
-// hang, not a timing assertion.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // A read-only store without a lease duration of its own judges expiry with

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
 
 // The end of a lease hands the name to the first waiter before the end
@@ -25,7 +27,7 @@ func TestEndHandsOffToTheFirstWaiter(t *testing.T) {
 			results <- result{g, err}
 		}()
 		want := pid - 100
-		waitFor(t, "the waiter queued", func() bool {
+		testenv.WaitFor(t, "the waiter queued", func() bool {
 			l, err := s.Live(ctx, "x")
 			return err == nil && l.Waiters == want
 		})
@@ -66,7 +68,7 @@ func TestCancelledWaiterPassesTheName(t *testing.T) {
 		_, err := s.Acquire(cctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 101})
 		gaveUp <- err
 	}()
-	waitFor(t, "the first waiter queued", func() bool {
+	testenv.WaitFor(t, "the first waiter queued", func() bool {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 1
 	})
@@ -78,7 +80,7 @@ func TestCancelledWaiterPassesTheName(t *testing.T) {
 		}
 		next <- g
 	}()
-	waitFor(t, "the second waiter queued", func() bool {
+	testenv.WaitFor(t, "the second waiter queued", func() bool {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 2
 	})
@@ -113,7 +115,7 @@ func TestGrantRacingCancelIsKept(t *testing.T) {
 		g, err := s.Acquire(cctx, Draft{Resource: "x", HolderUID: 1000, HolderPID: 101, Mode: ModeHandle})
 		got <- result{g, err}
 	}()
-	waitFor(t, "the waiter queued", func() bool {
+	testenv.WaitFor(t, "the waiter queued", func() bool {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 1
 	})
@@ -144,7 +146,7 @@ func TestVoidHandOffIsNotReturned(t *testing.T) {
 		}
 		got <- g
 	}()
-	waitFor(t, "the waiter queued", func() bool {
+	testenv.WaitFor(t, "the waiter queued", func() bool {
 		l, err := s.Live(ctx, "x")
 		return err == nil && l.Waiters == 1
 	})

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -33,7 +34,7 @@ const benchClientEnv = "LEASEFS_BENCH_CLIENT"
 //
 //	go test ./mount/ -run '^$' -bench Cycles -benchtime 2000x -cpuprofile cpu.out
 func BenchmarkCycles(b *testing.B) {
-	requireMount(b)
+	testenv.RequireFUSE(b)
 	for _, st := range benchStores {
 		for _, loop := range []string{"lease", "handle"} {
 			b.Run(st.name+"/"+loop, func(b *testing.B) {
@@ -72,17 +73,6 @@ var benchStores = []struct {
 	{"file", func(string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 		return nil
 	}},
-}
-
-// requireMount skips b unless this process may mount directly.
-func requireMount(b *testing.B) {
-	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("needs root for a direct mount")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		b.Skip("no /dev/fuse")
-	}
 }
 
 // benchMount mounts a daemon on a fresh mountpoint, with its log at Info
@@ -202,7 +192,7 @@ func TestBenchClient(t *testing.T) {
 // grant. It reports the median and the 99th percentile in milliseconds;
 // run it with -benchtime 100x.
 func BenchmarkKillToGrant(b *testing.B) {
-	requireMount(b)
+	testenv.RequireFUSE(b)
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		b.Skip("no python3")

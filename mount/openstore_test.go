@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/internal/syncbuf"
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -148,31 +149,12 @@ func (h *mountedHandler) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-// requireFUSE skips the test unless it can mount (root, /dev/fuse), or fails
-// it when LEASEFS_REQUIRE_FUSE=1.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "FUSE unavailable: " + err.Error()
-	} else if os.Geteuid() != 0 {
-		why = "mounting in-process needs root"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("LEASEFS_REQUIRE_FUSE") == "1" {
-		t.Fatal("LEASEFS_REQUIRE_FUSE=1 but " + why)
-	}
-	t.Skip(why)
-}
-
 // TestRunServesOpenedStore mounts a store that lives outside the state
 // directory: a file created through the mount is a lease of that store, the
 // state directory gets nothing but the daemon lock, the "mounted" line
 // reports Options.LeaseDuration, and Run closes the store once.
 func TestRunServesOpenedStore(t *testing.T) {
-	requireFUSE(t)
+	testenv.RequireFUSE(t)
 	backing, err := leasecore.OpenFileStore(t.TempDir(), leasecore.Options{})
 	if err != nil {
 		t.Fatal(err)
