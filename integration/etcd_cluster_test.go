@@ -484,7 +484,7 @@ func TestEtcdThroughGRPCProxy(t *testing.T) {
 		t.Errorf("flock -n through the other mount while held: %s, want exit 1", r)
 	}
 	waiter := startProc(t, nil, "flock", filepath.Join(b.mountpoint, "h"), "echo", "granted")
-	time.Sleep(500 * time.Millisecond) // the waiter queues behind the holder
+	waitWaiters(t, filepath.Join(a.mountpoint, "h"), 1) // queued behind the holder, seen through the holder's mount
 	if !waiter.running() {
 		t.Fatalf("the blocking flock returned while the name was held: %s", waiter)
 	}

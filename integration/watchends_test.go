@@ -108,20 +108,25 @@ func TestWatchHandOverKeepsTheName(t *testing.T) {
 	p := filepath.Join(d.mountpoint, "handed")
 	events := watchDir(t, d.mountpoint)
 	flag := filepath.Join(t.TempDir(), "waiter-holds")
-	// The holder keeps the lease until the waiter is queued, then lets it
-	// go; the waiter is granted in the same step and holds for 2 s.
+	// The holder keeps the lease until the waiter is queued (the status
+	// document counts it), then lets it go; the waiter is granted in the
+	// same step and holds until the listing is done.
+	dir := t.TempDir()
 	r := sh(t, `
-flock -n "$P" sleep 3 &
+wait_for() { for _ in $(seq 500); do eval "$1" && return 0; sleep 0.02; done; echo "not within 10 s: $1"; exit 1; }
+flock -n "$P" sh -c 'touch "$D/held"; until [ -e "$D/release" ]; do sleep 0.02; done' &
 holder=$!
-sleep 0.5
-flock "$P" sh -c 'touch "$F"; sleep 2' &
+wait_for '[ -e "$D/held" ]'
+flock "$P" sh -c 'touch "$F"; until [ -e "$D/listed" ]; do sleep 0.02; done' &
 waiter=$!
+wait_for 'grep -q "^waiters = 1" "$P"'
+touch "$D/release"
 wait $holder
-sleep 1
-[ -e "$F" ] || { echo "waiter not granted"; exit 1; }
+wait_for '[ -e "$F" ]'
 n=$(ls "$(dirname "$P")" | grep -c '^handed$' || true)
 echo "listed=$n"
-wait $waiter`, "P="+p, "F="+flag)
+touch "$D/listed"
+wait $waiter`, "P="+p, "F="+flag, "D="+dir)
 	if r.code != 0 {
 		t.Fatalf("hand-over script: %s", r)
 	}
@@ -168,7 +173,10 @@ func TestWatchStopWithEndsPending(t *testing.T) {
 	for i := range 200 {
 		mustSh(t, `set -C; : > "$P"`, "P="+filepath.Join(d.mountpoint, fmt.Sprintf("n%03d", i)))
 	}
-	time.Sleep(1200 * time.Millisecond) // the reaper starts ending them
+	eventually(t, 10*time.Second, "the reaper ending the first of them", func() (bool, string) {
+		n := len(listMount(t, d.mountpoint))
+		return n < 200, fmt.Sprintf("%d names listed", n)
+	})
 	start := time.Now()
 	d.stop(true)
 	if took := time.Since(start); took > 15*time.Second {
