@@ -147,8 +147,7 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.
 		o := eo
 		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
 		o.Logger, o.OnCommit, o.HandleHolders = log, hooks.OnCommit, hooks.HandleHolders
-		o.Host = procfs.Hostname()
-		o.DaemonID = o.Host + ":" + state
+		o.Host, o.DaemonID = daemonIdentity(state)
 		o.Grace = grace
 		o.OnJeopardy = func(n int) { writeJeopardy(log, state, n) }
 		writeJeopardy(log, state, 0)
@@ -159,6 +158,15 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.
 		log.Info("serving the etcd store", "endpoints", strings.Join(spec.endpoints, ","), "prefix", spec.prefix)
 		return s, nil
 	}, nil
+}
+
+// daemonIdentity returns this host's name and the etcd daemon identity of
+// the daemon serving the absolute state directory state: "HOST:STATE", so
+// that a restarted daemon ends only the handle leases it left
+// (docs/PROTOCOL.md §8a).
+func daemonIdentity(state string) (host, id string) {
+	host = procfs.Hostname()
+	return host, host + ":" + state
 }
 
 // openForReading opens the store of the flags for "leasefs ls" and
@@ -189,8 +197,7 @@ func openForReading(ctx context.Context, state string, sf *storeFlags, stderr io
 	if err != nil {
 		return nil, err
 	}
-	o.Host = procfs.Hostname()
-	o.DaemonID = o.Host + ":" + abs
+	o.Host, o.DaemonID = daemonIdentity(abs)
 	o.HandleHolders = mount.HandleHolders(abs)
 	s, err := etcdstore.Open(ctx, spec.endpoints, spec.prefix, o)
 	if err != nil {

@@ -127,6 +127,24 @@ func readHoldLog(t testing.TB, path string) []holdLogEntry {
 	return out
 }
 
+// waitGrants waits until the hold log at path shows n grants (start
+// lines) after since: load measured in work done, not in time.
+func waitGrants(t testing.TB, path string, since time.Time, n int) {
+	t.Helper()
+	eventually(t, 60*time.Second, fmt.Sprintf("%d grants after %v", n, since.Format(time.StampMilli)), func() (bool, string) {
+		if _, err := os.Stat(path); err != nil {
+			return false, err.Error()
+		}
+		got := 0
+		for _, e := range readHoldLog(t, path) {
+			if e.start && e.at.After(since) {
+				got++
+			}
+		}
+		return got >= n, fmt.Sprintf("%d grants", got)
+	})
+}
+
 // checkExclusion fails t for every start on a name whose previous holder
 // has not logged its end yet (two holders at once), and for every end that
 // is not the current holder's. The log is in append order, so a start
@@ -264,7 +282,7 @@ func TestEtcdClusterLeaderLoss(t *testing.T) {
 		m := []*daemon{a, b}[i%2]
 		clients = append(clients, startPy(t, pyLockCycler, "M="+m.mountpoint, "NAMES=n1 n2 n3 n4", "LOG="+log, "STOP="+stop))
 	}
-	time.Sleep(3 * time.Second) // load before the loss
+	waitGrants(t, log, time.Time{}, 50) // load before the loss
 	leader := -1
 	for i, m := range members {
 		if m.IsLeader() {
@@ -287,7 +305,7 @@ func TestEtcdClusterLeaderLoss(t *testing.T) {
 		}
 		return false, "no start line after the stop"
 	})
-	time.Sleep(3 * time.Second) // load after the election
+	waitGrants(t, log, killed, 50) // load after the election
 	if err := os.WriteFile(stop, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
