@@ -30,7 +30,7 @@ type Options struct {
 	// Clock is the time source; default [NewSystemClock].
 	Clock Clock
 	// Host is recorded as the lease host and is the daemon identity of
-	// handle leases; default [Hostname]. The pid and boot-id liveness rules
+	// handle leases; default [procfs.Hostname]. The pid and boot-id liveness rules
 	// apply only to leases recorded by this host (docs/PROTOCOL.md §8a).
 	Host string
 	// ReadOnly opens the store for reading under a shared lock: nothing is
@@ -243,12 +243,8 @@ func (s *store) deadReason(e *entry) string {
 		return "heartbeat expired"
 	case !local:
 		return ""
-	case l.BootID != "" && s.bootID != "" && l.BootID != s.bootID:
-		return "machine rebooted"
-	case l.PID > 0 && (l.BootID == "" || l.BootID == s.bootID) && procfs.Gone(l.PID, l.PIDStartTicks):
-		return "holder process gone"
 	}
-	return ""
+	return LocalDeadReason(*l, s.bootID)
 }
 
 // endLocked ends e with status, durably, recording it as l (e's lease,

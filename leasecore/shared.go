@@ -42,7 +42,7 @@ func ParentOf(resource string) string { return parentOf(resource) }
 
 // LocalDeadReason applies the pid and boot-id liveness rules of
 // docs/PROTOCOL.md §5 (rules 2 and 3) to active lease l, recorded on this
-// machine (its boot id is bootID, see [BootID]), and returns why it is
+// machine (its boot id is bootID, see [procfs.BootID]), and returns why it is
 // dead, or "" when those rules leave it live. The caller applies them only
 // to leases recorded by its own host (§8a).
 func LocalDeadReason(l Lease, bootID string) string {
