@@ -118,7 +118,7 @@ work itself or exec it.
 The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
 daemon that "leasefs ls" would read: the one leasefs mount that is up (with
 several up, name one), else the daemon of $LEASEFS_STATE or of the default
-state directory (docs/PROTOCOL.md §8, "Which daemon").`,
+state directory (docs/PROTOCOL.md §8 in the source tree, "Which daemon").`,
 		Example: `  leasefs lock deploy ./deploy.sh               # wait for the lease, run, release
   leasefs lock -n nightly -- make backup         # give up at once if held
   leasefs lock -w 30s -E 75 db/migrate -- ./migrate

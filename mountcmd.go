@@ -27,11 +27,11 @@ SIGINT or SIGTERM (then unmount and exit 0). Leases outlive the daemon:
 token leases keep their recorded heartbeat, and a handle lease lives on
 while a process still holds the open file it was locked on; the next
 daemon of the state directory keeps it, and ends it when the last such
-descriptor closes (docs/PROTOCOL.md §2, "Handle leases across
-restarts"). One daemon serves a state directory at a time: a second mount
-of the same state fails at once and names the holder, unless --takeover
-asks it to hand over. Root mounts directly; other users through
-fusermount3.`,
+descriptor closes (docs/PROTOCOL.md §2 in the source tree, "Handle
+leases across restarts"). One daemon serves a state directory at a time:
+a second mount of the same state fails at once and names the holder,
+unless --takeover asks it to hand over. Root mounts directly; other users
+through fusermount3.`,
 		Example: `  leasefs mount /mnt/leases
   leasefs mount --state /srv/leases --lease-duration 60s --allow-other /mnt/leases
   leasefs mount --takeover /mnt/leases      # replace the running daemon, keep token leases
