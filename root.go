@@ -24,6 +24,10 @@ const (
 	exitError = 1
 	exitUsage = 2
 	exitHeld  = 3
+	// exitUnreachable is the status of "leasefs status" when a daemon
+	// serves the store but its etcd cluster does not answer this command
+	// (docs/PROTOCOL.md §8, "Exit codes").
+	exitUnreachable = 5
 )
 
 // version is the leasefs release; overridden with -ldflags "-X main.version=…".
