@@ -7,19 +7,25 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/leasefs/leasefs/mount"
 )
 
 // completeLeaseNames completes a lease name for "leasefs lock": the files
-// and namespaces under the mount [lockMount] finds, with namespaces ending
-// in "/" so that completion goes on.
+// and namespaces under --mount, else under the mount [lockMount] finds,
+// with namespaces ending in "/" so that completion goes on.
 func completeLeaseNames(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 	if len(args) > 0 {
 		return nil, cobra.ShellCompDirectiveDefault // CMD after NAME: files and commands
 	}
-	flag, _ := cmd.Flags().GetString("mount")
-	mnt, err := lockMount(flag)
-	if err != nil {
-		return nil, cobra.ShellCompDirectiveNoFileComp
+	// A --mount already typed is completed under as it is: lock itself
+	// refuses one that is no leasefs mount.
+	mnt, _ := cmd.Flags().GetString("mount")
+	if mnt == "" {
+		var err error
+		if mnt, err = lockMount("", mount.Mounts()); err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
 	}
 	dir, _ := filepath.Split(toComplete)
 	entries, err := os.ReadDir(filepath.Join(mnt, dir))

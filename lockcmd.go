@@ -115,10 +115,13 @@ arrives while lock waits ends the wait (128+N). If lock is killed, CMD is
 killed with it (SIGKILL); processes CMD started are not, so let CMD do its
 work itself or exec it.
 
-The mount is --mount, else $LEASEFS_MOUNT, else the mountpoint of the
-daemon that "leasefs ls" would read: the one leasefs mount that is up (with
-several up, name one), else the daemon of $LEASEFS_STATE or of the default
-state directory (docs/PROTOCOL.md §8, "Which daemon").`,
+The mount is that of the daemon "leasefs ls" would read, chosen in the
+same order: the leasefs mount --mount names; else that of $LEASEFS_STATE's
+daemon, or the leasefs mount $LEASEFS_MOUNT names (with both set,
+$LEASEFS_MOUNT, which must serve $LEASEFS_STATE); else
+the one leasefs mount that is up (with several up, name one); else the
+mount of the default state directory's daemon (docs/PROTOCOL.md §8 in the
+source tree, "Which daemon").`,
 		Example: `  leasefs lock deploy ./deploy.sh               # wait for the lease, run, release
   leasefs lock -n nightly -- make backup         # give up at once if held
   leasefs lock -w 30s -E 75 db/migrate -- ./migrate
@@ -167,7 +170,7 @@ state directory (docs/PROTOCOL.md §8, "Which daemon").`,
 	// Without -w, lock waits until NAME is free: say so rather than "0s".
 	f.Lookup("wait").DefValue = "wait forever"
 	f.IntVarP(&o.conflict, "conflict-exit-code", "E", exitConflict, "exit code on conflict or timeout")
-	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default $LEASEFS_MOUNT, else the mount of the daemon found as \"leasefs ls\" finds it)")
+	f.StringVar(&o.mount, "mount", "", "the leasefs mount (default: $LEASEFS_MOUNT or $LEASEFS_STATE's daemon's, else the one leasefs mount up, as \"leasefs ls\" finds it)")
 	f.DurationVar(&o.grace, "grace", defaultLostGrace, "time between SIGTERM and SIGKILL when the lease is lost")
 	f.DurationVar(&o.reconnect, "reconnect-timeout", client.DefaultReconnectTimeout, "how long CMD keeps running while the daemon does not answer (a restart) before the lease counts as lost; on etcd never past the lease's keep-alive deadline")
 	return cmd
@@ -202,7 +205,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	if err := checkLockName(name); err != nil {
 		return 0, err
 	}
-	mnt, err := lockMount(o.mount)
+	mnt, err := lockMount(o.mount, mount.Mounts())
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {

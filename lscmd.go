@@ -52,7 +52,7 @@ an empty store), and the exit status is 0.`,
 				return flushed(out, writeJSON(out, leases))
 			}
 			now := time.Now()
-			t := newTable(0, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN")
+			t := newTable(0, "RESOURCE", "MODE", "UID", "PID", "GENERATION", "AGE", "EXPIRES IN").limit(0, nameColumnWidth)
 			row := func(l *leasecore.Lease, n int) error {
 				t.grow(n)
 				t.text(tableName(l.Resource))
@@ -133,7 +133,7 @@ history says so on stderr.`,
 			if asJSON {
 				return flushed(out, writeJSON(out, leases))
 			}
-			t := newTable(len(leases), "RESOURCE", "STATUS", "MODE", "UID", "GENERATION", "STARTED", "ENDED")
+			t := newTable(len(leases), "RESOURCE", "STATUS", "MODE", "UID", "GENERATION", "STARTED", "ENDED").limit(0, nameColumnWidth)
 			for _, l := range leases {
 				t.text(tableName(l.Resource))
 				t.text(string(l.Status))

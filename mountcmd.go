@@ -23,10 +23,15 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 		Use:   "mount [flags] MOUNTPOINT",
 		Short: "Serve the lease store on MOUNTPOINT in the foreground (SIGINT/SIGTERM unmount)",
 		Long: `Serve the lease store of --state on MOUNTPOINT, in the foreground, until
-SIGINT or SIGTERM (then unmount; handle leases end with the mount). One
-daemon serves a state directory at a time: a second mount of the same
-state fails at once and names the holder, unless --takeover asks it to
-hand over. Root mounts directly; other users through fusermount3.`,
+SIGINT or SIGTERM (then unmount and exit 0). Leases outlive the daemon:
+token leases keep their recorded heartbeat, and a handle lease lives on
+while a process still holds the open file it was locked on; the next
+daemon of the state directory keeps it, and ends it when the last such
+descriptor closes (docs/PROTOCOL.md §2 in the source tree, "Handle
+leases across restarts"). One daemon serves a state directory at a time:
+a second mount of the same state fails at once and names the holder,
+unless --takeover asks it to hand over. Root mounts directly; other users
+through fusermount3.`,
 		Example: `  leasefs mount /mnt/leases
   leasefs mount --state /srv/leases --lease-duration 60s --allow-other /mnt/leases
   leasefs mount --takeover /mnt/leases      # replace the running daemon, keep token leases

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
@@ -51,4 +52,22 @@ func TestMountStateServed(t *testing.T) {
 		t.Errorf("mount on a held state: exit %d, want %d; stderr:\n%s", r.code, exitHeld, r.stderr)
 	}
 	wantUserMessage(t, r, "leasefs: state directory "+state+" is held by leasefs mount /somewhere (pid ")
+}
+
+// TestMountHelpKeepsHandleLeases: the help of mount says what SIGTERM does to handle leases
+// as docs/PROTOCOL.md §2, "Handle leases across restarts", does: they outlive the daemon.
+func TestMountHelpKeepsHandleLeases(t *testing.T) {
+	r := runCLI(t, "mount", "--help")
+	if r.code != exitOK {
+		t.Fatalf("leasefs mount --help: %+v", r)
+	}
+	help := strings.Join(strings.Fields(r.stdout), " ")
+	if strings.Contains(help, "handle leases end with the mount") {
+		t.Errorf("leasefs mount --help says handle leases end with the mount:\n%s", r.stdout)
+	}
+	for _, want := range []string{"a handle lease lives on while a process still holds the open file", "the next daemon of the state directory keeps it", "Handle leases across restarts"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("leasefs mount --help lacks %q:\n%s", want, r.stdout)
+		}
+	}
 }

@@ -24,6 +24,10 @@ const (
 	exitError = 1
 	exitUsage = 2
 	exitHeld  = 3
+	// exitUnreachable is the status of "leasefs status" when a daemon
+	// serves the store but its etcd cluster does not answer this command
+	// (docs/PROTOCOL.md §8, "Exit codes").
+	exitUnreachable = 5
 )
 
 // version is the leasefs release; overridden with -ldflags "-X main.version=…".
@@ -238,7 +242,10 @@ const rootLong = `leasefs mounts exclusive writer leases as files. In a mount m:
   rm m/name               release; ls -l m shows who holds what
   flock m/name cmd        hold the lease exactly as long as cmd runs
 
-Protocol reference: docs/PROTOCOL.md. Start with "leasefs mount --help".`
+The protocol reference is docs/PROTOCOL.md in the leasefs source tree (it
+is not installed; the sections that help texts cite, such as §8, are its
+sections). "leasefs man" prints this page as leasefs(1); "leasefs man DIR"
+writes a page per command. Start with "leasefs mount --help".`
 
 // exitCode is an error that only sets the exit status; nothing is printed.
 type exitCode int

@@ -47,8 +47,13 @@ type daemonStatus struct {
 	JeopardySince *time.Time `json:"jeopardy_changed_at,omitempty"`
 }
 
-// errNotServed makes "leasefs status" exit 1 after printing its report.
-var errNotServed = exitCode(exitError)
+// Exit statuses of "leasefs status", after its report (docs/PROTOCOL.md
+// §8, "Exit codes"): no daemon serves the store; a daemon serves it but its
+// etcd cluster does not answer this command.
+var (
+	errNotServed        = exitCode(exitError)
+	errClusterUnreached = exitCode(exitUnreachable)
+)
 
 func newStatusCmd(stdout io.Writer) *cobra.Command {
 	var tf targetFlags
@@ -58,17 +63,20 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 		Short: "Tell whether a daemon serves the store, and what it holds",
 		Long: `Report whether a leasefs daemon serves the state directory: its pid,
 host, mountpoint and start time, the store, the live leases by mode, the
-blocked flock waiters and the oldest heartbeat of a token lease. Exit 0
-when a daemon serves it, 1 when none does (the report is printed either
-way). Reads the store under its lock; works with or without a daemon.
-For a daemon serving an etcd store, it reads the cluster and reports
-whether it answers.
+blocked flock waiters and the oldest heartbeat of a token lease. Reads
+the store under its lock; works with or without a daemon. For a daemon
+serving an etcd store, it reads the cluster and reports whether it
+answers. The report is printed whatever the exit status: 0 when a daemon
+serves the store (and its etcd cluster answers), 1 when none serves it, 5
+when one does but its etcd cluster does not answer this command within
+5 s, so that "leasefs status || alert" catches both.
 
 ` + targetHelp,
 		Example: `  leasefs status
   leasefs status --mount /mnt/leases
   leasefs status --state /srv/leases --json
-  leasefs status >/dev/null || leasefs mount /mnt/leases &`,
+  leasefs status >/dev/null || leasefs mount /mnt/leases &
+  leasefs status; case $? in 1) echo "no daemon";; 5) echo "etcd cluster unreachable";; esac`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, err := tf.resolve(cmd)
@@ -88,8 +96,11 @@ whether it answers.
 			} else {
 				printStatus(stdout, st)
 			}
-			if !st.Served {
+			switch {
+			case !st.Served:
 				return errNotServed
+			case st.Cluster == "unreachable":
+				return errClusterUnreached
 			}
 			return nil
 		},

@@ -11,27 +11,42 @@ import (
 	"github.com/mattn/go-runewidth"
 )
 
+// nameColumnWidth is the most terminal columns the RESOURCE column of
+// "ls" and "history" takes: a name may be 255 bytes per component, and one
+// such name would otherwise pad every row to its width.
+const nameColumnWidth = 40
+
 // table lays out the rows of "ls" and "history" as text/tabwriter does
 // with padding 2 and spaces (every column but the last as wide as its
 // widest cell plus two), in one buffer: a listing of 100,000 leases
 // formats in a fraction of the time text/tabwriter takes, which keeps a
-// cell per allocation. Widths are terminal columns, as [cellWidth]
-// measures them. Not safe for concurrent use.
+// cell per allocation. A column may be given a limit ([table.limit]): a
+// cell wider than it does not widen the column but overflows its own row,
+// two spaces before the next cell. Widths are terminal columns, as
+// [cellWidth] measures them. Not safe for concurrent use.
 type table struct {
 	buf    []byte // the cells, back to back
 	ends   []int  // the end of each cell in buf
 	widths []int  // per column, in terminal columns
+	limits []int  // per column, the widest cell that sets its width; 0: any
 	cols   int
 }
 
 // newTable starts a table with the header's columns and room for about
 // rows rows.
 func newTable(rows int, header ...string) *table {
-	t := &table{cols: len(header), widths: make([]int, len(header)),
+	t := &table{cols: len(header), widths: make([]int, len(header)), limits: make([]int, len(header)),
 		buf: make([]byte, 0, (rows+1)*len(header)*12), ends: make([]int, 0, (rows+1)*len(header))}
 	for _, h := range header {
 		t.text(h)
 	}
+	return t
+}
+
+// limit caps column col at width terminal columns: a wider cell added
+// after this call overflows its row (see [table]). It returns t.
+func (t *table) limit(col, width int) *table {
+	t.limits[col] = width
 	return t
 }
 
@@ -47,7 +62,9 @@ func (t *table) grow(rows int) {
 // cell ends the current cell, appended to buf by the caller.
 func (t *table) cell(start int) {
 	col := len(t.ends) % t.cols
-	t.widths[col] = max(t.widths[col], cellWidth(t.buf[start:]))
+	if w := cellWidth(t.buf[start:]); t.limits[col] == 0 || w <= t.limits[col] {
+		t.widths[col] = max(t.widths[col], w)
+	}
 	t.ends = append(t.ends, len(t.buf))
 }
 
@@ -108,7 +125,7 @@ func (t *table) write(w io.Writer) error {
 			line = line[:0]
 			continue
 		}
-		for pad := t.widths[col] + 2 - cellWidth(c); pad > 0; pad-- {
+		for pad := max(t.widths[col]+2-cellWidth(c), 2); pad > 0; pad-- {
 			line = append(line, ' ')
 		}
 	}

@@ -129,3 +129,42 @@ func TestTableNameQuotes(t *testing.T) {
 		}
 	}
 }
+
+// TestTableLimitsTheNameColumn: a name wider than the limit of its column (a 255-byte one in
+// "ls") overflows its own row, two spaces before the next cell, and leaves the width of the
+// column to the other names; a name at the limit still sets it.
+func TestTableLimitsTheNameColumn(t *testing.T) {
+	long := strings.Repeat("n", 255)
+	atLimit := strings.Repeat("m", nameColumnWidth)
+	cases := []struct {
+		name string
+		rows [][]string
+		want string
+	}{
+		{"one long name", [][]string{{"a", "token"}, {long, "handle"}, {"ci/deploy", "token"}},
+			"RESOURCE   MODE\n" +
+				"a          token\n" +
+				long + "  handle\n" +
+				"ci/deploy  token\n"},
+		{"a name at the limit", [][]string{{atLimit, "token"}, {long, "handle"}},
+			"RESOURCE" + strings.Repeat(" ", nameColumnWidth-len("RESOURCE")+2) + "MODE\n" +
+				atLimit + "  token\n" +
+				long + "  handle\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tb := newTable(len(c.rows), "RESOURCE", "MODE").limit(0, nameColumnWidth)
+			for _, r := range c.rows {
+				tb.text(r[0])
+				tb.text(r[1])
+			}
+			var got bytes.Buffer
+			if err := tb.write(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got.String() != c.want {
+				t.Errorf("table:\n%s\nwant:\n%s", got.String(), c.want)
+			}
+		})
+	}
+}

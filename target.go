@@ -20,23 +20,28 @@ import (
 const leasefsFSType = "fuse.leasefs"
 
 // Where a [daemonTarget] came from, in the order of precedence of
-// docs/PROTOCOL.md §8, "Which daemon".
+// docs/PROTOCOL.md §8, "Which daemon": flags, then the environment, then
+// the one daemon running.
 const (
 	fromStateFlag = "given with --state"
 	fromMountFlag = "the source of --mount"
 	fromStateEnv  = "named by $LEASEFS_STATE"
+	fromMountEnv  = "the source of $LEASEFS_MOUNT"
 	fromMountUp   = "the source of the one leasefs mount up"
+	fromStoreUp   = "the source of the leasefs mount up serving --store"
 	fromDefault   = "the default state directory (no leasefs mount is up)"
 )
 
 // targetHelp is the paragraph of "ls", "history" and "status" that says
 // which store they read (docs/PROTOCOL.md §8, "Which daemon").
 const targetHelp = `The store is the one of --state DIR, or of the daemon serving --mount DIR;
-else of $LEASEFS_STATE; else of the one leasefs mount that is up; else of
-the default state directory. With several leasefs mounts up and none
-named, it lists them and exits 2. The store is the one the daemon's lock
-records, an etcd store included (read with the --etcd-* flags and
-$LEASEFS_ETCD_PASSWORD, as for mount); --store names another.`
+else of $LEASEFS_STATE, or of the daemon serving $LEASEFS_MOUNT (with both
+set, $LEASEFS_STATE, and a leasefs mount on $LEASEFS_MOUNT must serve it);
+else of the one leasefs mount that is up; else of the default state
+directory. With several leasefs mounts up and none named, it lists them
+and exits 2. The store is the one the daemon's lock records, an etcd store
+included (read with the --etcd-* flags and $LEASEFS_ETCD_PASSWORD, as for
+mount); --store names another.`
 
 // daemonTarget is the state directory a command reads, and the daemon
 // serving it if one does, as [pickTarget] chose it. A plain value.
@@ -125,26 +130,63 @@ func upMounts(mounts []mount.MountInfo) []upMount {
 	return out
 }
 
-// pickTarget chooses the state directory that "ls", "history", "status"
-// and "lock" work with (docs/PROTOCOL.md §8, "Which daemon"): stateFlag,
-// else the source of the leasefs mount mountFlag, else $LEASEFS_STATE,
-// else the one leasefs mount of mounts that is up, else the default state
-// directory. Errors: a usage error for both flags, for a mountFlag that is
-// not a leasefs mount, and for several leasefs mounts up with none named
-// (the message lists them).
-func pickTarget(stateFlag, mountFlag string, mounts []mount.MountInfo) (daemonTarget, error) {
+// pickTarget chooses the daemon that "ls", "history", "status" and
+// "lock" work with, in the one order of docs/PROTOCOL.md §8, "Which
+// daemon", the first that applies:
+//
+//  1. the flags: stateFlag, or the source of the leasefs mount mountFlag;
+//  2. the environment: $LEASEFS_STATE, or the source of the leasefs mount
+//     $LEASEFS_MOUNT; with both set, $LEASEFS_STATE, and a leasefs mount
+//     on $LEASEFS_MOUNT must be one of it (its mountpoint is then the
+//     target's), while $LEASEFS_MOUNT on no leasefs mount is ignored;
+//  3. the one leasefs mount of mounts that is up, or, when store names an
+//     etcd store (--store), the first one up serving it;
+//  4. the default state directory.
+//
+// Errors: a usage error for both flags, for a mountFlag or a lone
+// $LEASEFS_MOUNT that is not a leasefs mount, for $LEASEFS_STATE and
+// $LEASEFS_MOUNT naming different daemons, and for several leasefs mounts
+// up with none named and no store (the message lists them).
+func pickTarget(stateFlag, mountFlag, store string, mounts []mount.MountInfo) (daemonTarget, error) {
 	switch {
 	case stateFlag != "" && mountFlag != "":
 		return daemonTarget{}, usageError{errors.New("give --state or --mount, not both")}
 	case stateFlag != "":
 		return describe(stateFlag, fromStateFlag)
 	case mountFlag != "":
-		return mountTarget(mountFlag, mounts)
+		return mountTarget(mountFlag, "--mount", fromMountFlag, mounts)
 	}
-	if s := os.Getenv("LEASEFS_STATE"); s != "" {
-		return describe(s, fromStateEnv)
+	stateEnv, mountEnv := os.Getenv("LEASEFS_STATE"), os.Getenv("LEASEFS_MOUNT")
+	switch {
+	case stateEnv != "" && mountEnv != "":
+		t, err := describe(stateEnv, fromStateEnv)
+		m, merr := mountTarget(mountEnv, "$LEASEFS_MOUNT", fromMountEnv, mounts)
+		switch {
+		case err != nil || merr != nil:
+			// No leasefs mount on $LEASEFS_MOUNT: $LEASEFS_STATE alone
+			// decides, so that a stopped daemon's records can be read.
+			return t, err
+		case m.State != t.State:
+			return daemonTarget{}, usageError{fmt.Errorf("$LEASEFS_STATE %s and $LEASEFS_MOUNT %s name different daemons ($LEASEFS_MOUNT serves %s): unset one, or name the daemon with --state or --mount",
+				t.State, m.Mountpoint, m.State)}
+		}
+		t.Mountpoint = m.Mountpoint
+		return t, nil
+	case stateEnv != "":
+		return describe(stateEnv, fromStateEnv)
+	case mountEnv != "":
+		return mountTarget(mountEnv, "$LEASEFS_MOUNT", fromMountEnv, mounts)
 	}
-	switch ups := upMounts(mounts); len(ups) {
+	ups := upMounts(mounts)
+	if store != "" {
+		for _, u := range ups {
+			if u.holder.Store == store {
+				return describe(u.state, fromStoreUp)
+			}
+		}
+		return describe(mount.DefaultStateDir(), fromDefault)
+	}
+	switch len(ups) {
 	case 0:
 		return describe(mount.DefaultStateDir(), fromDefault)
 	case 1:
@@ -158,16 +200,17 @@ func pickTarget(stateFlag, mountFlag string, mounts []mount.MountInfo) (daemonTa
 		for i, u := range ups {
 			lines[i] = "  " + u.String()
 		}
-		return daemonTarget{}, usageError{fmt.Errorf("%d leasefs mounts are up; name one with --mount DIR or --state DIR (or set LEASEFS_STATE):\n%s",
+		return daemonTarget{}, usageError{fmt.Errorf("%d leasefs mounts are up; name one with --mount DIR or --state DIR (or set LEASEFS_MOUNT or LEASEFS_STATE):\n%s",
 			len(ups), strings.Join(lines, "\n"))}
 	}
 }
 
-// mountTarget returns the target of the leasefs mount on dir: its source
-// is its state directory. Only dir's parent is resolved (mountinfo shows
-// resolved paths): a stat of the mountpoint itself would ask its daemon,
-// which may be hung. Errors: a usage error when no leasefs mount is on dir.
-func mountTarget(dir string, mounts []mount.MountInfo) (daemonTarget, error) {
+// mountTarget returns the target of the leasefs mount on dir, named by
+// what (a flag or a variable) and chosen as from: its source is its state
+// directory. Only dir's parent is resolved (mountinfo shows resolved
+// paths): a stat of the mountpoint itself would ask its daemon, which may
+// be hung. Errors: a usage error when no leasefs mount is on dir.
+func mountTarget(dir, what, from string, mounts []mount.MountInfo) (daemonTarget, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return daemonTarget{}, err
@@ -182,30 +225,25 @@ func mountTarget(dir string, mounts []mount.MountInfo) (daemonTarget, error) {
 		}
 	}
 	if found == nil || found.FSType != leasefsFSType {
-		return daemonTarget{}, usageError{fmt.Errorf("--mount %s: not a leasefs mount", abs)}
+		return daemonTarget{}, usageError{fmt.Errorf("%s %s: not a leasefs mount", what, abs)}
 	}
-	t, err := describe(found.Source, fromMountFlag)
+	t, err := describe(found.Source, from)
 	t.Mountpoint = abs
 	return t, err
 }
 
-// lockMount returns the mount "leasefs lock" works in (docs/PROTOCOL.md
-// §8, "Which daemon"): flag, else $LEASEFS_MOUNT, else the mountpoint of
-// the daemon [pickTarget] finds ($LEASEFS_STATE's, the one leasefs mount
-// up, the default state directory's). Errors: the usage errors of
-// pickTarget, and a usage error when the daemon found serves no mount.
-func lockMount(flag string) (string, error) {
-	if flag != "" {
-		return flag, nil
-	}
-	if m := os.Getenv("LEASEFS_MOUNT"); m != "" {
-		return m, nil
-	}
-	t, err := pickTarget("", "", mount.Mounts())
+// lockMount returns the mount "leasefs lock" works in: that of the daemon
+// [pickTarget] chooses from flag (--mount), the environment and mounts —
+// the leasefs mount named by flag or $LEASEFS_MOUNT itself, else the
+// mountpoint the daemon records. Errors: the usage errors of pickTarget,
+// and a usage error when no daemon serves the state directory chosen or
+// it records no mountpoint.
+func lockMount(flag string, mounts []mount.MountInfo) (string, error) {
+	t, err := pickTarget("", flag, "", mounts)
 	if err != nil {
 		return "", err
 	}
-	if t.Served && t.Mountpoint != "" {
+	if t.From == fromMountFlag || t.From == fromMountEnv || t.Served && t.Mountpoint != "" {
 		return t.Mountpoint, nil
 	}
 	why := "no daemon serves " + t.State
@@ -236,22 +274,17 @@ func (tf *targetFlags) add(f *pflag.FlagSet) {
 
 // resolve chooses the target ([pickTarget]) and, unless --store was
 // given, the store its daemon's lock records (the file store when none
-// serves it). With an etcd --store and no --state, --mount or
-// $LEASEFS_STATE, the state directory only gives the daemon identity of
-// the store ([openForReading]): that of a daemon up serving that store,
-// else the default one, so that several mounts up are no error.
+// serves it). An etcd --store is passed to pickTarget: with no daemon
+// named, the state directory only gives the daemon identity of the store
+// ([openForReading]), that of a daemon up serving it, else the default
+// one, so that several mounts up are no error.
 func (tf *targetFlags) resolve(cmd *cobra.Command) (daemonTarget, error) {
-	mounts := mount.Mounts()
 	named := cmd.Flags().Changed("store")
-	if named && tf.sf.store != "file" && tf.state == "" && tf.mount == "" && os.Getenv("LEASEFS_STATE") == "" {
-		for _, u := range upMounts(mounts) {
-			if u.holder.Store == tf.sf.store {
-				return describe(u.state, fromMountUp)
-			}
-		}
-		return describe(mount.DefaultStateDir(), fromDefault)
+	store := ""
+	if named && tf.sf.store != "file" {
+		store = tf.sf.store
 	}
-	t, err := pickTarget(tf.state, tf.mount, mounts)
+	t, err := pickTarget(tf.state, tf.mount, store, mount.Mounts())
 	if err != nil || named {
 		return t, err
 	}

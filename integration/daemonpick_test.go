@@ -104,6 +104,17 @@ func TestCLIFollowsTheDaemon(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "second") || strings.Contains(r.stdout, "first") || r.stderr != "" {
 		t.Errorf("ls with LEASEFS_STATE naming the second daemon: %s\nwant its leases only", r)
 	}
+	// $LEASEFS_MOUNT picks a daemon for every command, as $LEASEFS_STATE does.
+	r = leasefsAmong(t, both, []string{"LEASEFS_MOUNT=" + d2.mountpoint}, "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "second") || strings.Contains(r.stdout, "first") || r.stderr != "" {
+		t.Errorf("ls with LEASEFS_MOUNT naming the second daemon: %s\nwant its leases only", r)
+	}
+	if r := leasefsAmong(t, both, []string{"LEASEFS_MOUNT=" + d2.mountpoint}, "status"); r.code != 0 || !strings.Contains(r.stdout, "mountpoint:  "+d2.mountpoint) {
+		t.Errorf("status with LEASEFS_MOUNT naming the second daemon: %s\nwant exit 0 naming %s", r, d2.mountpoint)
+	}
+	if r := leasefsAmong(t, both, []string{"LEASEFS_MOUNT=" + d2.mountpoint, "LEASEFS_STATE=" + d1.state}, "ls"); r.code != 2 || !strings.Contains(r.stderr, "name different daemons") {
+		t.Errorf("ls with LEASEFS_STATE and LEASEFS_MOUNT naming different daemons: %s\nwant exit 2", r)
+	}
 	r = leasefsAmong(t, both, []string{"LEASEFS_STATE=" + d2.state}, "ls", "--mount", d1.mountpoint)
 	if r.code != 0 || !strings.Contains(r.stdout, "first") || strings.Contains(r.stdout, "second") {
 		t.Errorf("ls --mount of the first daemon: %s\nwant its leases only", r)

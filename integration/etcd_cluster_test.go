@@ -451,7 +451,7 @@ func TestEtcdCutOffHolder(t *testing.T) {
 	// cluster answers it (through the same cut proxy).
 	r := runClient(t, nil, leasefsBin, "status", "--state", a.state, "--json")
 	var st map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 {
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 5 {
 		t.Fatalf("leasefs status of the cut-off daemon: %v: %s", err, r)
 	}
 	if st["store"] != "etcd" || st["store_url"] != "etcd://"+proxy.Endpoint()+prefix || st["cluster"] != "unreachable" || st["cluster_error"] == "" {

@@ -108,6 +108,9 @@ func TestHandleLeasesSurviveRestart(t *testing.T) {
 						t.Errorf("ls with no daemon: %s is %v, want it live with daemon = previous and holder_pids", filepath.Base(h.p), e)
 					}
 				}
+				if r := runClient(t, nil, leasefsBin, "ls", "--state", d1.state); strings.Count(r.stdout, "handle (previous daemon)") != len(holders)+1 {
+					t.Errorf("ls with no daemon: %s\nwant %d rows of mode handle (previous daemon), the early holder's included", r, len(holders)+1)
+				}
 				if r := runClient(t, nil, leasefsBin, "status", "--state", d1.state); !strings.Contains(r.stdout, "previous daemon: 5 handle leases") {
 					t.Errorf("status with no daemon: %s\nwant the 5 handle leases of the previous daemon", r)
 				}
