@@ -1,8 +1,10 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
@@ -51,4 +53,34 @@ func TestMountStateServed(t *testing.T) {
 		t.Errorf("mount on a held state: exit %d, want %d; stderr:\n%s", r.code, exitHeld, r.stderr)
 	}
 	wantUserMessage(t, r, "leasefs: state directory "+state+" is held by leasefs mount /somewhere (pid ")
+}
+
+// TestMountLogLevel checks --log-level: its four levels, --debug as its
+// alias, and a bad value or a contradiction as a usage error (exit 2)
+// before anything is created.
+func TestMountLogLevel(t *testing.T) {
+	for name, want := range map[string]slog.Level{
+		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError, "WARN": slog.LevelWarn,
+	} {
+		if got, err := parseLogLevel(name); err != nil || got != want {
+			t.Errorf("parseLogLevel(%q) = %v, %v; want %v", name, got, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log-level", "verbose"}, `leasefs: --log-level "verbose": want debug, info, warn or error`},
+		{[]string{"--log-level", ""}, `leasefs: --log-level "": want debug, info, warn or error`},
+		{[]string{"--debug", "--log-level", "warn"}, "leasefs: --debug is --log-level debug; it contradicts --log-level warn"},
+	} {
+		state := filepath.Join(t.TempDir(), "state")
+		r := runCLI(t, append(append([]string{"mount", "--state", state}, tc.args...), t.TempDir())...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("mount %q: exit %d, stderr:\n%s\nwant exit %d and %q", tc.args, r.code, r.stderr, exitUsage, tc.want)
+		}
+		if got := tree(t, state); got != nil {
+			t.Errorf("mount %q created the state directory: %q", tc.args, got)
+		}
+	}
 }

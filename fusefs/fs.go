@@ -260,7 +260,7 @@ func (f *FS) reserve(ctx context.Context, resource string, c caller) (leasecore.
 		return g, err
 	}
 	f.tokens.put(g.Lease.ID, g.Token)
-	f.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
+	f.log.Debug("reserved", "resource", resource, "lease", g.Lease.ID,
 		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.logPID())
 	return g, nil
 }

@@ -173,7 +173,7 @@ func (f *FS) endUnclaimed(u unclaimed) bool {
 		}
 		return false
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", u.id, "reason", "unclaimed reservation of a refused call")
+	f.log.Debug("released", "resource", l.Resource, "lease", u.id, "reason", "unclaimed reservation of a refused call")
 	return true
 }
 
@@ -225,7 +225,7 @@ func (h *leaseHandle) unlock(op string, req lockRequest) syscall.Errno {
 	l, err := h.fsys.store.End(context.Background(), id, leasecore.StatusComplete)
 	switch {
 	case err == nil:
-		h.fsys.log.Info("released", "resource", l.Resource, "lease", id, "reason", "unlocked")
+		h.fsys.log.Debug("released", "resource", l.Resource, "lease", id, "reason", "unlocked")
 	case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
 	default:
 		return h.fsys.refuse(op, h.resource, req.c, toErrno(err), err)
@@ -323,7 +323,7 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 		h.posixKeys = append(h.posixKeys, req.key)
 		h.mu.Unlock()
 	}
-	f.log.Info("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
+	f.log.Debug("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
 		"uid", req.c.uid, "pid", req.c.logPID(), "flock", req.flock)
 }
 
@@ -405,5 +405,5 @@ func (f *FS) endHandleLease(id, reason string) {
 		}
 		return
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", reason)
+	f.log.Debug("released", "resource", l.Resource, "lease", id, "reason", reason)
 }

@@ -144,7 +144,7 @@ func (f *FS) checkSurvivors() {
 		l, err := f.store.End(context.Background(), s.Lease, leasecore.StatusComplete)
 		switch {
 		case err == nil:
-			f.log.Info("released", "resource", l.Resource, "lease", s.Lease,
+			f.log.Debug("released", "resource", l.Resource, "lease", s.Lease,
 				"reason", "the last descriptor of its open file, opened through a previous daemon, was closed")
 		case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
 		default:
