@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/retrylog"
 )
 
 // Options configure [OpenFileStore] and [NewMemStore]. The zero value works:
@@ -150,7 +152,8 @@ type store struct {
 	// unsynced holds leases ended in memory whose record could not be
 	// written yet (see endLocked).
 	unsynced       map[string]*entry
-	highGeneration uint64 // highest generation granted
+	syncTries      retrylog.Tries // the reaper's failed writes of unsynced
+	highGeneration uint64         // highest generation granted
 	// settling is true while the store's start ends the active records a
 	// previous daemon left, whose ends endLocked logs at INFO.
 	settling bool
