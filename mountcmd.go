@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/leasefs/leasefs/leasecore"
@@ -17,7 +18,7 @@ func newMountCmd(stderr io.Writer) *cobra.Command {
 	var opts mount.Options
 	var sf storeFlags
 	var debug bool
-	var logFormat string
+	var logFormat, logLevel string
 	var grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "mount [flags] MOUNTPOINT",
@@ -49,6 +50,16 @@ through fusermount3.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, a []string) error {
+			level, err := parseLogLevel(logLevel)
+			if err != nil {
+				return err
+			}
+			if debug {
+				if cmd.Flags().Changed("log-level") && level != slog.LevelDebug {
+					return usageError{fmt.Errorf("--debug is --log-level debug; it contradicts --log-level %s", logLevel)}
+				}
+				level = slog.LevelDebug
+			}
 			switch {
 			case opts.LeaseDuration < time.Second:
 				return usageError{fmt.Errorf("--lease-duration %s: must be at least 1s", opts.LeaseDuration)}
@@ -87,10 +98,6 @@ through fusermount3.`,
 				opts.StoreName = sf.store
 			}
 			opts.Mountpoint = a[0]
-			level := slog.LevelInfo
-			if debug {
-				level = slog.LevelDebug
-			}
 			logger, err := newLogger(stderr, logFormat, level)
 			if err != nil {
 				return err
@@ -112,11 +119,29 @@ through fusermount3.`,
 	f.DurationVar(&opts.TakeoverTimeout, "takeover-timeout", mount.DefaultTakeoverTimeout, "how long --takeover waits for the running daemon")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; port 0 picks a free one)")
 	f.BoolVar(&opts.Pprof, "pprof", false, "with --metrics-addr, also serve Go profiles (CPU, heap, block, mutex) at /debug/pprof/")
-	f.BoolVar(&debug, "debug", false, "log debug messages")
+	f.StringVar(&logLevel, "log-level", "info", "log messages of this level and above: debug (every lease's grant and end), info, warn or error")
+	f.BoolVar(&debug, "debug", false, "log debug messages: the same as --log-level debug")
 	f.StringVar(&logFormat, "log-format", "text", "log as text or json (log/slog handlers)")
 	f.BoolVar(&opts.Debug, "fuse-debug", false, "log every FUSE request")
 	sf.add(f)
 	return cmd
+}
+
+// logLevels are the values of --log-level (docs/PROTOCOL.md §8b, "Logs").
+var logLevels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// parseLogLevel returns the level that --log-level name sets. Errors: a
+// usage error for another name.
+func parseLogLevel(name string) (slog.Level, error) {
+	if l, ok := logLevels[strings.ToLower(name)]; ok {
+		return l, nil
+	}
+	return 0, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", name)}
 }
 
 // newLogger returns the daemon's logger writing to w: log/slog's text

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,36 @@ func TestMountHelpKeepsHandleLeases(t *testing.T) {
 	for _, want := range []string{"a handle lease lives on while a process still holds the open file", "the next daemon of the state directory keeps it", "Handle leases across restarts"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("leasefs mount --help lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+// TestMountLogLevel checks --log-level: its four levels, --debug as its
+// alias, and a bad value or a contradiction as a usage error (exit 2)
+// before anything is created.
+func TestMountLogLevel(t *testing.T) {
+	for name, want := range map[string]slog.Level{
+		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError, "WARN": slog.LevelWarn,
+	} {
+		if got, err := parseLogLevel(name); err != nil || got != want {
+			t.Errorf("parseLogLevel(%q) = %v, %v; want %v", name, got, err, want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log-level", "verbose"}, `leasefs: --log-level "verbose": want debug, info, warn or error`},
+		{[]string{"--log-level", ""}, `leasefs: --log-level "": want debug, info, warn or error`},
+		{[]string{"--debug", "--log-level", "warn"}, "leasefs: --debug is --log-level debug; it contradicts --log-level warn"},
+	} {
+		state := filepath.Join(t.TempDir(), "state")
+		r := runCLI(t, append(append([]string{"mount", "--state", state}, tc.args...), t.TempDir())...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("mount %q: exit %d, stderr:\n%s\nwant exit %d and %q", tc.args, r.code, r.stderr, exitUsage, tc.want)
+		}
+		if got := tree(t, state); got != nil {
+			t.Errorf("mount %q created the state directory: %q", tc.args, got)
 		}
 	}
 }

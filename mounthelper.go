@@ -70,6 +70,7 @@ var helperOptions = map[string]helperOption{
 	"metrics_addr":       {flag: "--metrics-addr", value: true},
 	"pprof":              {flag: "--pprof"},
 	"log_format":         {flag: "--log-format", value: true},
+	"log_level":          {flag: "--log-level", value: true},
 	"debug":              {flag: "--debug"},
 }
 

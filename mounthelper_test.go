@@ -73,6 +73,8 @@ func TestParseMountHelper(t *testing.T) {
 			flags: []string{"--allow-other", "--history-keep", "3"}},
 		{name: "metrics and log format", args: []string{"/s", "/m", "-o", "metrics_addr=127.0.0.1:9090,log_format=json,pprof"},
 			flags: []string{"--metrics-addr", "127.0.0.1:9090", "--log-format", "json", "--pprof"}},
+		{name: "log level", args: []string{"/s", "/m", "-o", "log_level=warn"}, flags: []string{"--log-level", "warn"}},
+		{name: "log level without a value", args: []string{"/s", "/m", "-o", "log_level"}, err: "needs a value"},
 		{name: "an etcd store", args: []string{"/s", "/m", "-o", "rw,store=etcd://10.0.0.1:2379+10.0.0.2:2379/leasefs,etcd_grace=20s"},
 			flags: []string{"--store", "etcd://10.0.0.1:2379,10.0.0.2:2379/leasefs", "--etcd-grace", "20s"}},
 		{name: "unknown option", args: []string{"/s", "/m", "-o", "rw,colour=red"}, err: `unknown mount option "colour=red"`},

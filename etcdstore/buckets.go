@@ -2,9 +2,12 @@ package etcdstore
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefs/leasefs/internal/retrylog"
 )
 
 // bucket is the etcd lease that the token leases this store reserves or
@@ -79,16 +82,19 @@ func (s *Store) wakeBuckets() {
 // on their own.
 func (s *Store) keepBuckets() {
 	w := bucketWidth(s.opts.LeaseDuration)
+	var tries retrylog.Tries
 	for {
 		s.mu.Lock()
 		b := s.bucket
 		s.mu.Unlock()
 		if b.used && time.Until(b.usableUntil) <= w/2 {
 			if err := s.grantBucket(background(s.bg)); err != nil && s.bg.Err() == nil {
-				s.opts.Logger.Debug("granting a token lease bucket failed; trying again", "err", err)
+				tries.Failed(s.opts.Logger, slog.LevelWarn, "granting a token lease bucket failed; trying again every second", err)
 				if !s.sleep(time.Second) {
 					return
 				}
+			} else if err == nil {
+				tries.Succeeded(s.opts.Logger, "token lease bucket granted after failed tries")
 			}
 			continue
 		}

@@ -20,7 +20,7 @@ import (
 // transactions, its watch, its reads): no read precedes a change.
 
 func (s *Store) logEnd(l leasecore.Lease, reason string) {
-	s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
+	s.opts.Logger.Debug("lease ended", "resource", l.Resource, "lease", l.ID,
 		"generation", l.Generation, "status", leasecore.StatusAbandoned, "reason", reason)
 }
 

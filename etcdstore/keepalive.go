@@ -3,10 +3,12 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -107,16 +109,21 @@ func (s *Store) grantHandleSession(ctx context.Context) error {
 func (s *Store) keepHandles() {
 	base := max(time.Duration(s.ttl)*time.Second-s.opts.Grace, time.Second)
 	reported := 0
+	var grants retrylog.Tries
 	for s.bg.Err() == nil {
 		s.mu.Lock()
 		hs := s.hs
 		s.mu.Unlock()
 		if hs.id == 0 {
 			if err := s.grantHandleSession(s.bg); err != nil {
-				s.opts.Logger.Debug("granting the handle session failed; trying again", "err", err)
+				if s.bg.Err() == nil {
+					grants.Failed(s.opts.Logger, slog.LevelWarn, "granting the handle session failed; trying again every second", err)
+				}
 				if !s.sleep(time.Second) {
 					return
 				}
+			} else {
+				grants.Succeeded(s.opts.Logger, "handle session granted after failed tries")
 			}
 			continue
 		}

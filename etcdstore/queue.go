@@ -3,10 +3,12 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -217,9 +219,12 @@ func (s *Store) dropWaiter(key string) {
 		_, err := s.cli.Delete(ctx, key)
 		return err
 	}
-	if del() == nil {
+	err := del()
+	if err == nil {
 		return
 	}
+	var tries retrylog.Tries
+	tries.Failed(s.opts.Logger, slog.LevelWarn, "removing a waiter key failed; trying again every second", err, "key", key)
 	s.wg.Go(func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -231,9 +236,10 @@ func (s *Store) dropWaiter(key string) {
 			}
 			err := del()
 			if err == nil {
+				tries.Succeeded(s.opts.Logger, "waiter key removed after failed tries", "key", key)
 				return
 			}
-			s.opts.Logger.Debug("removing a waiter key failed; trying again", "key", key, "err", err)
+			tries.Failed(s.opts.Logger, slog.LevelWarn, "removing a waiter key failed; trying again every second", err, "key", key)
 		}
 	})
 }

@@ -3,10 +3,12 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -17,6 +19,7 @@ func (s *Store) reaper() {
 	tick := time.NewTicker(s.opts.ReapInterval)
 	defer tick.Stop()
 	lastPrune := time.Now()
+	var reaps, prunes retrylog.Tries
 	for {
 		select {
 		case <-s.bg.Done():
@@ -39,6 +42,7 @@ func (s *Store) reaper() {
 		}
 		prune := s.ended > 0 && time.Since(lastPrune) >= time.Second
 		s.mu.Unlock()
+		failed := false
 		for _, r := range dead {
 			cur, err := s.getLive(background(s.bg), r.l.Resource)
 			if err != nil || cur == nil || cur.l.ID != r.l.ID {
@@ -53,8 +57,12 @@ func (s *Store) reaper() {
 			if _, err := s.end(background(s.bg), cur, cur.l, leasecore.StatusAbandoned, chExpired); err == nil {
 				s.logEnd(cur.l, reason)
 			} else if !errors.Is(err, errRaced) && s.bg.Err() == nil {
-				s.opts.Logger.Error("reap failed", "lease", cur.l.ID, "err", err)
+				failed = true
+				reaps.Failed(s.opts.Logger, slog.LevelError, "reap failed; retrying", err, "lease", cur.l.ID)
 			}
+		}
+		if !failed && len(dead) > 0 {
+			reaps.Succeeded(s.opts.Logger, "reaped after failed tries")
 		}
 		if prune {
 			lastPrune = time.Now()
@@ -62,7 +70,9 @@ func (s *Store) reaper() {
 			s.ended = 0
 			s.mu.Unlock()
 			if err := s.prune(background(s.bg)); err != nil && s.bg.Err() == nil {
-				s.opts.Logger.Warn("pruning history failed", "err", err)
+				prunes.Failed(s.opts.Logger, slog.LevelWarn, "pruning history failed; retrying", err)
+			} else if err == nil {
+				prunes.Succeeded(s.opts.Logger, "history pruned after failed tries")
 			}
 		}
 	}

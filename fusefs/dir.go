@@ -230,7 +230,7 @@ func (d *dirNode) Unlink(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return d.fsys.refuse("unlink", resource, c, toErrno(err), err)
 	}
-	d.fsys.log.Info("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
+	d.fsys.log.Debug("released", "resource", resource, "lease", l.ID, "uid", c.uid, "pid", c.logPID())
 	return 0
 }
 

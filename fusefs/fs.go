@@ -12,6 +12,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -76,8 +77,11 @@ type FS struct {
 	// survivors are the handle leases of previous daemons kept for their
 	// open files ([FS.Adopt]).
 	survivors      survivorSet
-	retryEnds      retrySet[string]
+	retryEnds      retrySet[handleEnd]
 	retryUnclaimed retrySet[unclaimed]
+	// scanTries are the failed scans of /proc for the holders of
+	// survivors; only Run's goroutine uses it.
+	scanTries retrylog.Tries
 	// proc is where the processes holding survivors are looked up:
 	// "/proc".
 	proc string
@@ -260,7 +264,7 @@ func (f *FS) reserve(ctx context.Context, resource string, c caller) (leasecore.
 		return g, err
 	}
 	f.tokens.put(g.Lease.ID, g.Token)
-	f.log.Info("reserved", "resource", resource, "lease", g.Lease.ID,
+	f.log.Debug("reserved", "resource", resource, "lease", g.Lease.ID,
 		"generation", g.Lease.Generation, "uid", c.uid, "pid", c.logPID())
 	return g, nil
 }

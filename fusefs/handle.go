@@ -225,7 +225,7 @@ func (h *leaseHandle) write(ctx context.Context, data []byte) (uint32, syscall.E
 			status = leasecore.StatusAbandoned
 		}
 		if _, err = h.fsys.store.Release(ctx, l.ID, cmd.token, status, cmd.ann); err == nil {
-			h.fsys.log.Info("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.logPID())
+			h.fsys.log.Debug("released", "resource", h.resource, "lease", l.ID, "status", status, "uid", c.uid, "pid", c.logPID())
 		}
 	case actionTakeover:
 		by := fmt.Sprintf("uid %d pid %d", c.uid, c.pid())

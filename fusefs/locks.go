@@ -3,12 +3,14 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -143,6 +145,7 @@ func (h *leaseHandle) dropUnclaimed() bool {
 type unclaimed struct {
 	resource, id string
 	mayBeBound   bool
+	tries        retrylog.Tries // the failed ends, when it is retried
 }
 
 // endUnclaimed ends reservation u as abandoned when its token is still
@@ -152,29 +155,40 @@ type unclaimed struct {
 // reserved for a lease duration that nobody can renew or release, or, as a
 // handle lease on the daemon's etcd session, for ever.
 func (f *FS) endUnclaimed(u unclaimed) bool {
+	ended, err := f.tryEndUnclaimed(u)
+	if err != nil {
+		u.tries.Failed(f.log, slog.LevelError, "ending an unclaimed reservation failed; retrying", err, "resource", u.resource, "lease", u.id)
+		f.retryUnclaimed.add(u.id, u)
+		return false
+	}
+	u.tries.Succeeded(f.log, "unclaimed reservation settled after failed tries", "resource", u.resource, "lease", u.id, "ended", ended)
+	return ended
+}
+
+// tryEndUnclaimed is one try of [FS.endUnclaimed]: it reports whether it
+// ended u. Errors: a failure of the store worth retrying.
+func (f *FS) tryEndUnclaimed(u unclaimed) (bool, error) {
 	tok, unread := f.tokens.take(u.id)
 	if !unread {
-		return false // the holder has its token: the lease is theirs to end
+		return false, nil // the holder has its token: the lease is theirs to end
 	}
 	ctx := context.Background()
 	l, err := f.store.Load(ctx, u.id)
 	if err == nil && (!l.Live() || (l.Mode != leasecore.ModeToken && !u.mayBeBound)) {
-		return false // ended, or bound to a lock since: nothing unclaimed
+		return false, nil // ended, or bound to a lock since: nothing unclaimed
 	}
 	if err == nil {
 		l, err = f.store.End(ctx, u.id, leasecore.StatusAbandoned)
 	}
 	if err != nil {
 		f.tokens.put(u.id, tok) // still the holder's to read meanwhile
-		if !errors.Is(err, leasecore.ErrInactive) && !errors.Is(err, leasecore.ErrClosed) &&
-			!errors.Is(err, leasecore.ErrNotFound) {
-			f.log.Error("ending an unclaimed reservation failed; retrying", "resource", u.resource, "lease", u.id, "err", err)
-			f.retryUnclaimed.add(u.id, u)
+		if errors.Is(err, leasecore.ErrInactive) || errors.Is(err, leasecore.ErrClosed) || errors.Is(err, leasecore.ErrNotFound) {
+			return false, nil
 		}
-		return false
+		return false, err
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", u.id, "reason", "unclaimed reservation of a refused call")
-	return true
+	f.log.Debug("released", "resource", l.Resource, "lease", u.id, "reason", "unclaimed reservation of a refused call")
+	return true, nil
 }
 
 // trySetlk is setlk without the cleanup of a refusal.
@@ -225,7 +239,7 @@ func (h *leaseHandle) unlock(op string, req lockRequest) syscall.Errno {
 	l, err := h.fsys.store.End(context.Background(), id, leasecore.StatusComplete)
 	switch {
 	case err == nil:
-		h.fsys.log.Info("released", "resource", l.Resource, "lease", id, "reason", "unlocked")
+		h.fsys.log.Debug("released", "resource", l.Resource, "lease", id, "reason", "unlocked")
 	case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
 	default:
 		return h.fsys.refuse(op, h.resource, req.c, toErrno(err), err)
@@ -323,7 +337,7 @@ func (h *leaseHandle) bindTo(l leasecore.Lease, req lockRequest) {
 		h.posixKeys = append(h.posixKeys, req.key)
 		h.mu.Unlock()
 	}
-	f.log.Info("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
+	f.log.Debug("handle lease", "resource", l.Resource, "lease", l.ID, "generation", l.Generation,
 		"uid", req.c.uid, "pid", req.c.logPID(), "flock", req.flock)
 }
 
@@ -397,13 +411,31 @@ func (f *FS) posixCloseIf(key posixKey, id string) {
 // (the next daemon would keep a lease whose open file lives), and nothing
 // else would ever end it.
 func (f *FS) endHandleLease(id, reason string) {
+	f.tryEndHandleLease(id, handleEnd{reason: reason})
+}
+
+// handleEnd is an end of a handle lease to try again: the reason to log,
+// and the failed tries.
+type handleEnd struct {
+	reason string
+	tries  retrylog.Tries
+}
+
+// tryEndHandleLease is one try of [FS.endHandleLease]; e holds the tries
+// that failed before it.
+func (f *FS) tryEndHandleLease(id string, e handleEnd) {
 	l, err := f.store.End(context.Background(), id, leasecore.StatusComplete)
-	if err != nil {
-		if !errors.Is(err, leasecore.ErrInactive) && !errors.Is(err, leasecore.ErrClosed) {
-			f.log.Error("ending handle lease failed; retrying", "lease", id, "err", err)
-			f.retryEnds.add(id, reason)
-		}
+	switch {
+	case errors.Is(err, leasecore.ErrClosed):
+		return // the daemon stops: the next one ends it, no process holding its open file
+	case errors.Is(err, leasecore.ErrInactive):
+		e.tries.Succeeded(f.log, "handle lease ended after failed tries", "lease", id) // ended otherwise
+		return
+	case err != nil:
+		e.tries.Failed(f.log, slog.LevelError, "ending handle lease failed; retrying", err, "lease", id)
+		f.retryEnds.add(id, e)
 		return
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", id, "reason", reason)
+	e.tries.Succeeded(f.log, "handle lease ended after failed tries", "resource", l.Resource, "lease", id)
+	f.log.Debug("released", "resource", l.Resource, "lease", id, "reason", e.reason)
 }

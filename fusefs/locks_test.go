@@ -1,11 +1,13 @@
 package fusefs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -266,12 +268,15 @@ func (s *lostAnswers) End(ctx context.Context, id string, st leasecore.Status) (
 // store could not say whether the bind landed leaves no handle lease that
 // no open file holds: the reservation is ended even when the store holds
 // it as a handle lease, and an end that fails is retried until it lands.
+// The retries are logged as docs/PROTOCOL.md §8b ("Logs") says: the first
+// failure at ERROR, each further one at DEBUG, the recovery at INFO.
 func TestRefusedBindOfUnknownOutcomeEndsTheLease(t *testing.T) {
 	for _, failEnds := range []int{0, 2} {
 		t.Run(fmt.Sprintf("failed ends %d", failEnds), func(t *testing.T) {
 			base := newEnv(t, leasecore.Options{})
 			s := &lostAnswers{Store: base.store, failEnds: failEnds}
-			f := New(s, Options{Logger: slog.New(slog.DiscardHandler)})
+			var log bytes.Buffer
+			f := New(s, Options{Logger: slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 			_ = f.RawFileSystem()
 			_, h := mustCreate(t, as(uidAlice), f.root, "x")
 			id := h.leaseID()
@@ -290,6 +295,17 @@ func TestRefusedBindOfUnknownOutcomeEndsTheLease(t *testing.T) {
 			}
 			if f.retryUnclaimed.take() != nil {
 				t.Fatal("an end is still queued for a retry after it landed")
+			}
+			count := func(re string) int { return len(regexp.MustCompile(re).FindAllString(log.String(), -1)) }
+			want := map[string]int{
+				`level=ERROR msg="ending an unclaimed reservation failed; retrying" resource=x lease=\S+ err=`:                          min(failEnds, 1),
+				`level=DEBUG msg="ending an unclaimed reservation failed; retrying" resource=x lease=\S+ tries=\d+ err=`:                max(failEnds-1, 0),
+				`level=INFO msg="unclaimed reservation settled after failed tries" resource=x lease=\S+ ended=true tries=3 failed_for=`: min(failEnds, 1),
+			}
+			for re, n := range want {
+				if got := count(re); got != n {
+					t.Errorf("%d log lines match %s, want %d; log:\n%s", got, re, n, log.String())
+				}
 			}
 		})
 	}

@@ -149,5 +149,5 @@ func (f *FS) abandonWait(w *lockWait) {
 		}
 		return
 	}
-	f.log.Info("released", "resource", l.Resource, "lease", l.ID, "reason", "granted to an interrupted wait that was not restarted")
+	f.log.Debug("released", "resource", l.Resource, "lease", l.ID, "reason", "granted to an interrupted wait that was not restarted")
 }

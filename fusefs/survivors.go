@@ -3,12 +3,14 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/openfiles"
+	"github.com/leasefs/leasefs/internal/retrylog"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
@@ -25,6 +27,8 @@ type Survivor struct {
 	Lease string        // the lease id
 	File  openfiles.Key // the open file it was locked on: old mount id, the lease's inode number
 	PIDs  []int         // the processes holding a descriptor of it
+
+	endTries retrylog.Tries // the ends of it that failed, when it is retried
 }
 
 // OpenFileOf returns the open file that a handle lease l locked through
@@ -130,9 +134,10 @@ func (f *FS) checkSurvivors() {
 	}
 	sc, err := openfiles.ScanMounts(f.proc, mounts, nil)
 	if err != nil {
-		f.log.Warn("cannot look for the holders of previous daemons' handle leases", "err", err)
+		f.scanTries.Failed(f.log, slog.LevelWarn, "cannot look for the holders of previous daemons' handle leases; retrying", err)
 		return
 	}
+	f.scanTries.Succeeded(f.log, "looked for the holders of previous daemons' handle leases after failed tries")
 	for _, s := range lost {
 		if pids := sc.Holders[s.File]; len(pids) > 0 {
 			f.survivors.setPIDs(s.Lease, pids)
@@ -144,13 +149,14 @@ func (f *FS) checkSurvivors() {
 		l, err := f.store.End(context.Background(), s.Lease, leasecore.StatusComplete)
 		switch {
 		case err == nil:
-			f.log.Info("released", "resource", l.Resource, "lease", s.Lease,
+			s.endTries.Succeeded(f.log, "handle lease ended after failed tries", "resource", l.Resource, "lease", s.Lease)
+			f.log.Debug("released", "resource", l.Resource, "lease", s.Lease,
 				"reason", "the last descriptor of its open file, opened through a previous daemon, was closed")
 		case errors.Is(err, leasecore.ErrInactive), errors.Is(err, leasecore.ErrClosed):
 		default:
 			// Kept for the next check: a lease nobody holds must still end.
+			s.endTries.Failed(f.log, slog.LevelError, "ending handle lease failed; retrying", err, "lease", s.Lease)
 			f.Adopt([]Survivor{s})
-			f.log.Error("ending handle lease failed", "lease", s.Lease, "err", err)
 		}
 	}
 }
@@ -177,9 +183,9 @@ func (h *leaseHandle) takeBack(ctx context.Context, op string, req lockRequest, 
 	return true, 0
 }
 
-// retrySet holds the ends to try again, by lease id: the reason to log
-// for a handle lease ([FS.endHandleLease]), the reservation for an
-// unclaimed one ([FS.endUnclaimed]). Safe for concurrent use; its lock is
+// retrySet holds the ends to try again, by lease id: a [handleEnd] for a
+// handle lease ([FS.endHandleLease]), the reservation for an unclaimed one
+// ([FS.endUnclaimed]), each with its failed tries. Safe for concurrent use; its lock is
 // a leaf.
 type retrySet[V any] struct {
 	mu sync.Mutex
@@ -206,8 +212,8 @@ func (r *retrySet[V]) take() map[string]V {
 // retryFailedEnds tries again the ends of handle leases and of unclaimed
 // reservations that failed. Called from Run's goroutine.
 func (f *FS) retryFailedEnds() {
-	for id, reason := range f.retryEnds.take() {
-		f.endHandleLease(id, reason)
+	for id, e := range f.retryEnds.take() {
+		f.tryEndHandleLease(id, e)
 	}
 	for _, u := range f.retryUnclaimed.take() {
 		f.endUnclaimed(u)

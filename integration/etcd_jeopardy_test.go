@@ -290,8 +290,10 @@ func TestEtcdJeopardyCallsWait(t *testing.T) {
 	srv := etcdtest.Start(t)
 	proxy := etcdtest.NewProxy(t, srv.Endpoint())
 	prefix := "/leasefs-jeopardy-calls"
+	// At debug level, so that the check below that no lease ended sees the
+	// ends logged per lease too (docs/PROTOCOL.md §8b, "Logs").
 	a := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second, metricsAddr: "127.0.0.1:0",
-		extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + prefix, "--etcd-grace", "90s"}})
+		extraArgs: []string{"--store", "etcd://" + proxy.Endpoint() + prefix, "--etcd-grace", "90s", "--log-level", "debug"}})
 	b := startDaemon(t, daemonOpts{leaseDuration: 2 * time.Second, extraArgs: []string{"--store", "etcd://" + srv.Endpoint() + prefix}})
 	h := startPy(t, pyJeopardyHolder, "P="+filepath.Join(a.mountpoint, "j"))
 	h.expectKey("held", holdTimeout)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/procfs"
+	"github.com/leasefs/leasefs/internal/retrylog"
 )
 
 // Options configure [OpenFileStore] and [NewMemStore]. The zero value works:
@@ -152,7 +153,11 @@ type store struct {
 	// unsynced holds leases ended in memory whose record could not be
 	// written yet (see endLocked).
 	unsynced       map[string]*entry
-	highGeneration uint64 // highest generation granted
+	syncTries      retrylog.Tries // the reaper's failed writes of unsynced
+	highGeneration uint64         // highest generation granted
+	// settling is true while the store's start ends the active records a
+	// previous daemon left, whose ends endLocked logs at INFO.
+	settling bool
 	// dirtySince is when the oldest change not yet reported to
 	// Options.OnCommit began (zero: none).
 	dirtySince time.Time
@@ -280,7 +285,14 @@ func (s *store) endLocked(e *entry, l Lease, status Status, change Change, reaso
 		e.stamp = stamp
 	}
 	if status == StatusAbandoned {
-		s.opts.Logger.Info("lease ended", "resource", l.Resource, "lease", l.ID,
+		// An end is one lease's business (DEBUG), except the ends of a
+		// previous daemon's leftovers at start, which report the restart
+		// (docs/PROTOCOL.md §2, §8b "Logs").
+		level := slog.LevelDebug
+		if s.settling {
+			level = slog.LevelInfo
+		}
+		s.opts.Logger.Log(context.Background(), level, "lease ended", "resource", l.Resource, "lease", l.ID,
 			"generation", l.Generation, "status", status, "reason", reason)
 	}
 	s.feed.Publish(0, Event{Kind: EventEnded, Change: change, Lease: s.snapshot(e)})

@@ -408,6 +408,8 @@ func (s *FileStore) load() error {
 	// order, so that the outcome (the generations given) is deterministic.
 	slices.SortFunc(settle, order)
 	settle = slices.Compact(settle)
+	s.settling = true
+	defer func() { s.settling = false }()
 	for _, e := range settle {
 		switch {
 		case s.live[e.lease.Resource] != e:

@@ -3,8 +3,11 @@ package leasecore
 import (
 	"cmp"
 	"context"
+	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/retrylog"
 )
 
 // startReaper runs the reaper until Close: every ReapInterval, and at once
@@ -14,6 +17,7 @@ func (s *store) startReaper() {
 	s.stopReaper, s.reaped = cancel, make(chan struct{})
 	go func() {
 		defer close(s.reaped)
+		var tries retrylog.Tries
 		tick := time.NewTicker(s.opts.ReapInterval)
 		defer tick.Stop()
 		for {
@@ -23,8 +27,11 @@ func (s *store) startReaper() {
 			case <-tick.C:
 			case <-s.kick:
 			}
-			if _, err := s.Reap(ctx); err != nil && ctx.Err() == nil {
-				s.opts.Logger.Error("reap failed", "err", err)
+			switch _, err := s.Reap(ctx); {
+			case err == nil:
+				tries.Succeeded(s.opts.Logger, "reaped after failed tries")
+			case ctx.Err() == nil:
+				tries.Failed(s.opts.Logger, slog.LevelError, "reap failed; retrying", err)
 			}
 		}
 	}()
@@ -60,7 +67,9 @@ func (s *store) reapLive() (_ []Lease, prune []string, err error) {
 	}
 	defer s.unlock(&err)
 	if err := s.syncLocked(); err != nil {
-		s.opts.Logger.Warn("records of ended leases still cannot be written", "count", len(s.unsynced), "err", err)
+		s.syncTries.Failed(s.opts.Logger, slog.LevelWarn, "records of ended leases still cannot be written; retrying", err, "count", len(s.unsynced))
+	} else {
+		s.syncTries.Succeeded(s.opts.Logger, "records of ended leases written after failed tries")
 	}
 	var ended []Lease
 	for _, e := range s.live {

@@ -3,10 +3,13 @@ package mount
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -116,12 +119,35 @@ func scanSurvivors(state string, allowOther bool, log *slog.Logger, exclude int)
 		ss.failed = "this daemon runs in a nested pid namespace: processes outside it cannot be checked"
 	case err != nil:
 		ss.failed = err.Error()
-	case sc.Unreadable > 0:
+	case len(sc.Unreadable) > 0:
 		log.Warn("cannot read the open files of some processes: a handle lease of a previous daemon that only they hold is ended",
-			"processes", sc.Unreadable)
+			"processes", len(sc.Unreadable), "pids", describePIDs("/proc", sc.Unreadable))
 	}
 	ss.scan = sc
 	return ss
+}
+
+// maxNamedPIDs is how many processes [describePIDs] names.
+const maxNamedPIDs = 10
+
+// describePIDs names processes pids for the log: "1 (init), 4242 (sshd)",
+// the first [maxNamedPIDs] of them, then how many more.
+func describePIDs(proc string, pids []int) string {
+	var b strings.Builder
+	for i, pid := range pids {
+		if i == maxNamedPIDs {
+			fmt.Fprintf(&b, " and %d more", len(pids)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.Itoa(pid))
+		if c := openfiles.Comm(proc, pid); c != "" {
+			fmt.Fprintf(&b, " (%s)", c)
+		}
+	}
+	return b.String()
 }
 
 // holders is [leasecore.Options.HandleHolders]: the processes holding the

@@ -36,11 +36,13 @@ type Scan struct {
 	// Holders maps each open file of the asked-for mounts to the
 	// processes (thread-group ids, ascending) holding a descriptor of it.
 	Holders map[Key][]int
-	// Unreadable counts the processes whose descriptors could not be
-	// read (EACCES: another uid, and the scanner is not root); their
-	// open files are unknown. Processes that exited during the scan are
-	// not counted.
-	Unreadable int
+	// Unreadable are the processes (ascending pids) whose descriptors
+	// could not be read (EACCES: another uid and the scanner is not root,
+	// or a process it may not trace, such as a container's init without
+	// CAP_SYS_PTRACE); their open files are unknown. Processes that exited
+	// during the scan, zombies (which hold no descriptors) and the scanner
+	// itself are not among them.
+	Unreadable []int
 }
 
 // ErrNestedPIDNamespace is returned by [ScanMounts] when the scanner runs in
@@ -70,6 +72,7 @@ func ScanMounts(proc string, mounts []int, skipUnreadable func(uid int) bool) (S
 	if len(want) == 0 {
 		return sc, nil
 	}
+	self, _ := os.Readlink(proc + "/self") // this process's pid, as proc names it
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
@@ -78,8 +81,8 @@ func ScanMounts(proc string, mounts []int, skipUnreadable func(uid int) bool) (S
 		keys, err := processFiles(proc, pid, want)
 		switch {
 		case errors.Is(err, fs.ErrPermission):
-			if skipUnreadable == nil || !skipUnreadable(ownerUID(proc, pid)) {
-				sc.Unreadable++
+			if e.Name() != self && !goneOrZombie(proc, pid) && (skipUnreadable == nil || !skipUnreadable(ownerUID(proc, pid))) {
+				sc.Unreadable = append(sc.Unreadable, pid)
 			}
 			continue
 		case err != nil:
@@ -148,6 +151,31 @@ func parseFDInfo(b []byte) (Key, bool) {
 		}
 	}
 	return k, haveMount && haveIno
+}
+
+// Comm returns the command name of process pid (/proc/PID/comm), or "" when
+// it cannot be read.
+func Comm(proc string, pid int) string {
+	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(string(b), "\n")
+}
+
+// goneOrZombie reports whether process pid has exited: it is gone from
+// proc, or a zombie, whose descriptors are closed already.
+func goneOrZombie(proc string, pid int) bool {
+	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	// "PID (COMM) STATE …": COMM may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 // ownerUID returns the real uid of process pid, or -1.
