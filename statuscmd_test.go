@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // closedEndpoint returns a loopback HOST:PORT on which nothing listens: a
@@ -28,6 +29,9 @@ func closedEndpoint(t *testing.T) string {
 func TestStatusExitCodes(t *testing.T) {
 	t.Setenv("LEASEFS_STATE", "")
 	t.Setenv("LEASEFS_MOUNT", "")
+	// A closed port refuses at once: the report, not the wait, is tested.
+	defer func(d time.Duration) { clusterTimeout = d }(clusterTimeout)
+	clusterTimeout = time.Second
 	file := serveState(t, "/mnt/file", "")
 	etcd := serveState(t, "/mnt/etcd", "etcd://"+closedEndpoint(t)+"/leasefs")
 	cases := []struct {
