@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func BenchmarkLs(b *testing.B) {
 	}
 	s.Close()
 	for b.Loop() {
-		if code := run(context.Background(), []string{"ls", "--state", state}, io.Discard, io.Discard); code != 0 {
+		if code := Run(context.Background(), []string{"ls", "--state", state}, io.Discard, io.Discard); code != 0 {
 			b.Fatalf("leasefs ls exited %d", code)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -30,7 +30,8 @@ const (
 	exitUnreachable = 5
 )
 
-// version is the leasefs release; overridden with -ldflags "-X main.version=…".
+// version is the leasefs release; overridden with
+// -ldflags "-X github.com/leasefs/leasefs/internal/cli.version=…".
 var version = "0.1.0-dev"
 
 // usageError marks errors in the command line.
@@ -47,11 +48,18 @@ type userError struct {
 func (e *userError) Error() string { return e.msg }
 func (e *userError) Unwrap() error { return e.err }
 
-// run executes the leasefs command line args and returns the exit code.
-// Besides its commands, leasefs answers the mount helper form that
-// mount.fuse3 runs, "leasefs STATE MOUNTPOINT -o OPTIONS" (see
-// [isMountHelper]).
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// Run executes the leasefs command line args (os.Args[1:]: without the
+// program name) and returns the process's exit status: 0 success, 1
+// failure, 2 usage error, 3 the state directory is served by another
+// daemon, 5 "leasefs status" cannot reach the daemon's etcd cluster, and
+// those of "leasefs lock" (docs/PROTOCOL.md §8, "Exit codes"). Run returns
+// no error: a command's output goes to stdout; its warnings, logs and the
+// error it failed with ("leasefs: " and the message) go to stderr.
+// Cancelling ctx stops the command ("leasefs mount" unmounts and returns);
+// the caller chooses which signals cancel it. Besides its commands, leasefs
+// answers the mount helper form that mount.fuse3 runs, "leasefs STATE
+// MOUNTPOINT -o OPTIONS" (see [isMountHelper]).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	if isMountHelper(root, args) {
 		return runMountHelper(ctx, args, stderr)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -18,7 +18,7 @@ type result struct {
 func runCLI(t *testing.T, args ...string) result {
 	t.Helper()
 	var stdout, stderr strings.Builder
-	code := run(context.Background(), args, &stdout, &stderr)
+	code := Run(context.Background(), args, &stdout, &stderr)
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 
