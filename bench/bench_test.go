@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/internal/testenv"
-	"github.com/leasefs/leasefs/mount"
 )
 
 // TestMain lets the test binary play the helper roles the command
@@ -100,7 +100,7 @@ func TestQuickSmoke(t *testing.T) {
 // benchMounts counts the mounts inside temporary directories of the command.
 func benchMounts() int {
 	n := 0
-	for _, m := range mount.Mounts() {
+	for _, m := range procfs.Mounts() {
 		if strings.Contains(m.Point, "/leasefs-bench-") {
 			n++
 		}

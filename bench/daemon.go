@@ -11,8 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/internal/syncbuf"
-	"github.com/leasefs/leasefs/mount"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,7 +130,7 @@ func detach(mp string) {
 // /sys/fs/fuse/connections/<minor>/abort, for a server that no longer
 // answers.
 func abortConnection(mp string) {
-	for _, m := range mount.Mounts() {
+	for _, m := range procfs.Mounts() {
 		if m.Point == mp && m.Minor != "" {
 			_ = os.WriteFile(filepath.Join("/sys/fs/fuse/connections", m.Minor, "abort"), []byte("1"), 0o200)
 		}

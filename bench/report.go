@@ -11,7 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/leasefs/leasefs/mount"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -241,7 +241,7 @@ func tempFS(dir string) string {
 	if err != nil {
 		real = dir
 	}
-	best, ok := mount.ContainingMount(mount.Mounts(), real)
+	best, ok := procfs.ContainingMount(procfs.Mounts(), real)
 	if !ok {
 		return "unknown"
 	}

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -386,7 +387,7 @@ func detach(t testing.TB, mp string) {
 func mountCount(t testing.TB, mp string) int {
 	t.Helper()
 	n := 0
-	for _, e := range mount.Mounts() {
+	for _, e := range procfs.Mounts() {
 		if e.Point == mp {
 			n++
 		}

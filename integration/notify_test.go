@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/internal/testenv"
-	"github.com/leasefs/leasefs/mount"
 )
 
 // notifyMsg is one datagram a daemon sent to a test's notify socket, with
@@ -47,7 +47,7 @@ func listenNotify(t *testing.T, socket, mp string) <-chan notifyMsg {
 			m := notifyMsg{state: string(buf[:n])}
 			var st unix.Statfs_t
 			m.fuse = unix.Statfs(mp, &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
-			for _, e := range mount.Mounts() {
+			for _, e := range procfs.Mounts() {
 				m.mounted = m.mounted || (e.Point == mp && e.FSType == "fuse.leasefs")
 			}
 			_, m.listErr = os.ReadDir(mp)

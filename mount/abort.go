@@ -25,7 +25,7 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // leasefs mount on mp; mount(2) and write errors.
 func AbortConnection(mp string) error {
 	var minor string
-	for _, m := range Mounts() {
+	for _, m := range procfs.Mounts() {
 		if m.Point == mp && m.FSType == fsType {
 			minor = m.Minor
 		}

@@ -20,12 +20,16 @@ import (
 
 	"github.com/leasefs/leasefs/fusefs"
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
 )
 
 // DaemonLockName is the file in the state directory on which the serving
 // daemon holds an exclusive flock(2) (docs/PROTOCOL.md §2).
 const DaemonLockName = "leasefs.lock"
+
+// fsType is the filesystem type leasefs mounts show in /proc/self/mountinfo.
+const fsType = "fuse.leasefs"
 
 // maxWrite is the largest FUSE write request: above [fusefs.MaxPayload], so
 // that an oversized payload arrives whole and is refused with EFBIG.
@@ -310,7 +314,7 @@ func Run(ctx context.Context, opts Options) error {
 	// Record the mount for the next daemon, before any handle lease is
 	// granted through it, if the kernel shows it: fdinfo of the open files
 	// of this mount names it after this daemon is gone.
-	if m, ok := mountedAt(Mounts(), mp); ok && m.FSType == fsType && m.ID > 0 {
+	if m, ok := procfs.MountedAt(procfs.Mounts(), mp); ok && m.FSType == fsType && m.ID > 0 {
 		if err := survivors.record(state, m.ID); err != nil {
 			log.Warn("cannot record the mount id: handle leases held through this mount will end when the next daemon starts",
 				"path", filepath.Join(state, MountsRecordName), "err", err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // MountpointError reports a mountpoint that cannot be mounted on because it
@@ -46,7 +48,7 @@ func (e *MountpointError) Unwrap() error { return e.Err }
 // the stat (the caller deals with such a mount once it holds the daemon
 // lock), and so does a mountpoint left by a crashed daemon (ENOTCONN).
 func checkMountpoint(mp string) error {
-	if m, ok := mountedAt(Mounts(), mp); ok && strings.HasPrefix(m.FSType, "fuse") {
+	if m, ok := procfs.MountedAt(procfs.Mounts(), mp); ok && strings.HasPrefix(m.FSType, "fuse") {
 		return nil
 	}
 	st, err := os.Stat(mp)
@@ -83,7 +85,7 @@ func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
 	if nested(state, mp) {
 		return "", "", fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
 	}
-	if m, ok := ContainingMount(Mounts(), state); ok && m.FSType == fsType {
+	if m, ok := procfs.ContainingMount(procfs.Mounts(), state); ok && m.FSType == fsType {
 		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
 	}
 	if err := checkMountpoint(mp); err != nil {
@@ -141,7 +143,7 @@ func cleanStale(mp string, log *slog.Logger) error {
 // cleanStale's). The caller holds the daemon lock of its state directory or
 // has none yet, so the mount is another state directory's.
 func refuseLiveMount(mp string) error {
-	m, ok := mountedAt(Mounts(), mp)
+	m, ok := procfs.MountedAt(procfs.Mounts(), mp)
 	if !ok || m.FSType != fsType {
 		return nil
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/internal/syncbuf"
 	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
@@ -78,7 +79,7 @@ func TestRunOpenStoreError(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("opener called %d times, want 1", calls)
 	}
-	if m, ok := mountedAt(Mounts(), mp); ok {
+	if m, ok := procfs.MountedAt(procfs.Mounts(), mp); ok {
 		t.Errorf("Run left a mount on %s: %+v", mp, m)
 	}
 	if got, want := stateFiles(t, state), []string{DaemonLockName}; !slices.Equal(got, want) {

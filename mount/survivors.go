@@ -97,7 +97,7 @@ func scanSurvivors(state string, allowOther bool, log *slog.Logger, exclude int)
 	// An attached mount with a recorded id is ours only if it is a leasefs
 	// mount of this state directory (a dead daemon's, not yet detached).
 	reused := make(map[int]bool)
-	for _, m := range Mounts() {
+	for _, m := range procfs.Mounts() {
 		reused[m.ID] = m.FSType != fsType || m.Source != state
 	}
 	for _, id := range readMountsRecord(state) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/leasefs/leasefs/mount"
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // completeLeaseNames completes a lease name for "leasefs lock": the files
@@ -23,7 +23,7 @@ func completeLeaseNames(cmd *cobra.Command, args []string, toComplete string) ([
 	mnt, _ := cmd.Flags().GetString("mount")
 	if mnt == "" {
 		var err error
-		if mnt, err = lockMount("", mount.Mounts()); err != nil {
+		if mnt, err = lockMount("", procfs.Mounts()); err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
 	}

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
-	"github.com/leasefs/leasefs/mount"
 )
 
 // Exit codes of "leasefs lock" besides the command's own status
@@ -205,7 +205,7 @@ func runLock(ctx context.Context, o lockOptions, name string, argv []string, std
 	if err := checkLockName(name); err != nil {
 		return 0, err
 	}
-	mnt, err := lockMount(o.mount, mount.Mounts())
+	mnt, err := lockMount(o.mount, procfs.Mounts())
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
@@ -431,7 +431,7 @@ func checkLeasefsMount(dir string) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range mount.Mounts() {
+	for _, m := range procfs.Mounts() {
 		if m.Point == abs && m.FSType == "fuse.leasefs" {
 			return nil
 		}

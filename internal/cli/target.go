@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
@@ -101,7 +102,7 @@ func (m upMount) String() string {
 // (its daemon died) and is left out; one whose lock cannot be checked (the
 // state directory is another user's) counts as up. Its mountpoint is the
 // one the daemon recorded when that is among its mounts, else its last.
-func upMounts(mounts []mount.MountInfo) []upMount {
+func upMounts(mounts []procfs.MountInfo) []upMount {
 	var out []upMount
 	index := map[string]int{} // state directory -> index in out, -1 when not up
 	for _, m := range mounts {
@@ -147,7 +148,7 @@ func upMounts(mounts []mount.MountInfo) []upMount {
 // $LEASEFS_MOUNT that is not a leasefs mount, for $LEASEFS_STATE and
 // $LEASEFS_MOUNT naming different daemons, and for several leasefs mounts
 // up with none named and no store (the message lists them).
-func pickTarget(stateFlag, mountFlag, store string, mounts []mount.MountInfo) (daemonTarget, error) {
+func pickTarget(stateFlag, mountFlag, store string, mounts []procfs.MountInfo) (daemonTarget, error) {
 	switch {
 	case stateFlag != "" && mountFlag != "":
 		return daemonTarget{}, usageError{errors.New("give --state or --mount, not both")}
@@ -210,7 +211,7 @@ func pickTarget(stateFlag, mountFlag, store string, mounts []mount.MountInfo) (d
 // directory. Only dir's parent is resolved (mountinfo shows resolved
 // paths): a stat of the mountpoint itself would ask its daemon, which may
 // be hung. Errors: a usage error when no leasefs mount is on dir.
-func mountTarget(dir, what, from string, mounts []mount.MountInfo) (daemonTarget, error) {
+func mountTarget(dir, what, from string, mounts []procfs.MountInfo) (daemonTarget, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return daemonTarget{}, err
@@ -218,7 +219,7 @@ func mountTarget(dir, what, from string, mounts []mount.MountInfo) (daemonTarget
 	if real, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
 		abs = filepath.Join(real, filepath.Base(abs))
 	}
-	var found *mount.MountInfo
+	var found *procfs.MountInfo
 	for i, m := range mounts {
 		if m.Point == abs {
 			found = &mounts[i] // later lines are mounted on top
@@ -238,7 +239,7 @@ func mountTarget(dir, what, from string, mounts []mount.MountInfo) (daemonTarget
 // mountpoint the daemon records. Errors: the usage errors of pickTarget,
 // and a usage error when no daemon serves the state directory chosen or
 // it records no mountpoint.
-func lockMount(flag string, mounts []mount.MountInfo) (string, error) {
+func lockMount(flag string, mounts []procfs.MountInfo) (string, error) {
 	t, err := pickTarget("", flag, "", mounts)
 	if err != nil {
 		return "", err
@@ -284,7 +285,7 @@ func (tf *targetFlags) resolve(cmd *cobra.Command) (daemonTarget, error) {
 	if named && tf.sf.store != "file" {
 		store = tf.sf.store
 	}
-	t, err := pickTarget(tf.state, tf.mount, store, mount.Mounts())
+	t, err := pickTarget(tf.state, tf.mount, store, procfs.Mounts())
 	if err != nil || named {
 		return t, err
 	}

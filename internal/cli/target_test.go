@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
+	"github.com/leasefs/leasefs/internal/procfs"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -44,8 +45,8 @@ func staleState(t *testing.T, mountpoint string) string {
 	return state
 }
 
-func leasefsMount(point, state string) mount.MountInfo {
-	return mount.MountInfo{Point: point, FSType: "fuse.leasefs", Source: state}
+func leasefsMount(point, state string) procfs.MountInfo {
+	return procfs.MountInfo{Point: point, FSType: "fuse.leasefs", Source: state}
 }
 
 // TestPickTargetPrecedence checks the one order of docs/PROTOCOL.md §8, "Which daemon": the
@@ -58,15 +59,15 @@ func TestPickTargetPrecedence(t *testing.T) {
 	stale := staleState(t, "/mnt/stale")
 	flagged := t.TempDir()
 	env := serveState(t, "/mnt/env", "")
-	other := mount.MountInfo{Point: "/data", FSType: "ext4", Source: "/dev/vda"}
-	oneUp := []mount.MountInfo{other, leasefsMount("/mnt/stale", stale), leasefsMount("/mnt/up", up)}
+	other := procfs.MountInfo{Point: "/data", FSType: "ext4", Source: "/dev/vda"}
+	oneUp := []procfs.MountInfo{other, leasefsMount("/mnt/stale", stale), leasefsMount("/mnt/up", up)}
 	twoUp := append(oneUp, leasefsMount("/mnt/etcd", etcd))
 
 	cases := []struct {
 		name                 string
 		state, mnt, store    string // flags
 		stateEnv, mountEnv   string
-		mounts               []mount.MountInfo
+		mounts               []procfs.MountInfo
 		wantState, wantMount string
 		wantServed           bool
 		wantFrom             string
@@ -82,10 +83,10 @@ func TestPickTargetPrecedence(t *testing.T) {
 		{"both variables, no leasefs mount on $LEASEFS_MOUNT", "", "", "", flagged, "/nowhere", twoUp, flagged, "", false, fromStateEnv, ""},
 		{"$LEASEFS_MOUNT over an etcd --store", "", "", "etcd://127.0.0.1:2379/leases", "", "/mnt/up", twoUp, up, "/mnt/up", true, fromMountEnv, ""},
 		{"the one mount up", "", "", "", "", "", oneUp, up, "/mnt/up", true, fromMountUp, ""},
-		{"the one etcd mount up", "", "", "", "", "", []mount.MountInfo{leasefsMount("/mnt/etcd", etcd)}, etcd, "/mnt/etcd", true, fromMountUp, "etcd://127.0.0.1:2379/leases"},
+		{"the one etcd mount up", "", "", "", "", "", []procfs.MountInfo{leasefsMount("/mnt/etcd", etcd)}, etcd, "/mnt/etcd", true, fromMountUp, "etcd://127.0.0.1:2379/leases"},
 		{"the mount up serving --store", "", "", "etcd://127.0.0.1:2379/leases", "", "", twoUp, etcd, "/mnt/etcd", true, fromStoreUp, "etcd://127.0.0.1:2379/leases"},
 		{"none up serving --store: the default", "", "", "etcd://127.0.0.1:2379/other", "", "", twoUp, mount.DefaultStateDir(), "", false, fromDefault, ""},
-		{"none up: the default", "", "", "", "", "", []mount.MountInfo{other, leasefsMount("/mnt/stale", stale)}, mount.DefaultStateDir(), "", false, fromDefault, ""},
+		{"none up: the default", "", "", "", "", "", []procfs.MountInfo{other, leasefsMount("/mnt/stale", stale)}, mount.DefaultStateDir(), "", false, fromDefault, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -113,7 +114,7 @@ func TestPickTargetUsageErrors(t *testing.T) {
 	t.Setenv("LEASEFS_MOUNT", "")
 	a := serveState(t, "/mnt/a", "")
 	b := serveState(t, "/mnt/b", "etcd://10.0.0.1:2379/x")
-	mounts := []mount.MountInfo{
+	mounts := []procfs.MountInfo{
 		leasefsMount("/mnt/a", a),
 		leasefsMount("/mnt/b", b),
 		leasefsMount("/mnt/b2", b), // a second mount of the same state is the same daemon
@@ -154,7 +155,7 @@ func TestPickTargetUsageErrors(t *testing.T) {
 func TestLockMountFollowsDiscovery(t *testing.T) {
 	served := serveState(t, "/mnt/served", "")
 	other := serveState(t, "/mnt/other", "")
-	mounts := []mount.MountInfo{leasefsMount("/mnt/served", served), leasefsMount("/mnt/other", other)}
+	mounts := []procfs.MountInfo{leasefsMount("/mnt/served", served), leasefsMount("/mnt/other", other)}
 	t.Setenv("LEASEFS_MOUNT", "")
 	t.Setenv("LEASEFS_STATE", served)
 	if got, err := lockMount("", mounts); err != nil || got != "/mnt/served" {

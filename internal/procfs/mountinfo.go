@@ -1,4 +1,4 @@
-package mount
+package procfs
 
 import (
 	"bufio"
@@ -7,9 +7,6 @@ import (
 	"strconv"
 	"strings"
 )
-
-// fsType is the filesystem type leasefs mounts show in /proc/self/mountinfo.
-const fsType = "fuse.leasefs"
 
 // MountInfo is one line of /proc/self/mountinfo (proc(5)).
 type MountInfo struct {
@@ -72,8 +69,9 @@ func unescapeOctal(s string) string {
 	return b.String()
 }
 
-// mountedAt returns the topmost mount whose mount point is path.
-func mountedAt(mounts []MountInfo, path string) (MountInfo, bool) {
+// MountedAt returns the topmost mount of mounts whose mount point is path;
+// false when none is.
+func MountedAt(mounts []MountInfo, path string) (MountInfo, bool) {
 	var found MountInfo
 	ok := false
 	for _, m := range mounts {
@@ -89,7 +87,7 @@ func mountedAt(mounts []MountInfo, path string) (MountInfo, bool) {
 // false when none is (path is cleaned, not resolved). Safe for concurrent use.
 func ContainingMount(mounts []MountInfo, path string) (MountInfo, bool) {
 	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
-		if m, ok := mountedAt(mounts, p); ok {
+		if m, ok := MountedAt(mounts, p); ok {
 			return m, true
 		}
 		if p == "/" || p == "." {
