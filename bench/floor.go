@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/leasefs/leasefs/filestore"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,7 +93,7 @@ func (b *bench) storeRows() error {
 		return nil
 	}
 	state := filepath.Join(b.tmp, "store")
-	s, err := leasecore.OpenFileStore(state, leasecore.Options{})
+	s, err := filestore.Open(state, filestore.Options{})
 	if err != nil {
 		return err
 	}

@@ -294,7 +294,7 @@ const (
 	nameQueue   = "leasefs one name, N clients queueing (blocking flock)"
 	nameKill    = "leasefs SIGKILL holder → blocked successor granted"
 	nameKillGo  = "same, the holder a Go process (this program)"
-	nameStore   = "leasecore FileStore in-process Reserve+End"
+	nameStore   = "filestore.Store in-process Reserve+End"
 	nameMemL    = "go-fuse in-memory ceiling: lease cycle (as 1a)"
 	nameMemR    = "go-fuse in-memory ceiling: renew (as 1b)"
 	nameMemH    = "go-fuse in-memory ceiling: handle cycle (as 1c)"

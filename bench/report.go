@@ -362,7 +362,7 @@ const rowsDoc = `
 - **1b** one reserved name per client, the token written with pwrite at offset 0 per cycle: a renew (§4.2).
 - **1c** open(O_CREAT|O_RDWR) of a free name (a reservation) + flock(LOCK_EX|LOCK_NB) (binds it as a handle lease) + flock(LOCK_UN) (ends it) + close (§6).
 - **1d** every client on ONE name: open + blocking flock(LOCK_EX) + LOCK_UN + close. Wait is the time blocked in flock, hold the time from its return to LOCK_UN's; "barging grants" is the share of grants that went to a client while one that had asked earlier still waited, judged from client-side timestamps (approximate; 0 % is strict first come, first served).
-- **2** leasecore.OpenFileStore in this process, Reserve + End of the client's own name: the store without FUSE.
+- **2** filestore.Open in this process, Reserve + End of the client's own name: the store without FUSE.
 - **3a, 3b, 3c** the cycles of 1a, 1b and 1c against a minimal in-memory go-fuse filesystem (same mount options, no store): the FUSE ceiling.
 - **3d, 3e, 3f, 3g** the cycles of 1a, 1b, 1c and 1d against the same filesystem made durable: each reservation, unlink, renew, lock and unlock returns after a group-committed 300-byte pwrite + fdatasync of a preallocated journal, every ended lease leaves a 300-byte record file written behind every 100 ms (no fsync; the oldest beyond 10,000 removed), and the lock is handed to blocked waiters first come, first served, as leasefs does: the durable ceiling, what a lease store could reach if it cost nothing but its commits and its history.
 - **4r** the durable write behind every store change: 300-byte temp file + fsync + rename + fsync of the directory. **4f** 300-byte pwrite at offset 0 + fdatasync of a preallocated file.

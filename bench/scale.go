@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/leasefs/leasefs/filestore"
 	"io"
 	"os"
 	"os/exec"
@@ -48,10 +49,10 @@ func (b *bench) sampleRecord() (recordTemplate, error) {
 	}
 	_ = unix.Close(fd)
 	d.stop()
-	recs, _ := filepath.Glob(filepath.Join(state, leasecore.LeasesDir, "lease-*.toml"))
+	recs, _ := filepath.Glob(filepath.Join(state, filestore.LeasesDir, "lease-*.toml"))
 	if len(recs) != 1 {
 		return recordTemplate{}, fmt.Errorf("want one record in %s after one reservation, found %d: the state layout changed",
-			filepath.Join(state, leasecore.LeasesDir), len(recs))
+			filepath.Join(state, filestore.LeasesDir), len(recs))
 	}
 	data, err := os.ReadFile(recs[0])
 	if err != nil {
@@ -105,7 +106,7 @@ func (t recordTemplate) render(id, resource string, gen uint64, now, hash string
 // plant writes n live token-lease records with distinct resources and
 // generations 1..n into state, in parallel.
 func plant(state string, t recordTemplate, n int) error {
-	dir := filepath.Join(state, leasecore.LeasesDir)
+	dir := filepath.Join(state, filestore.LeasesDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}

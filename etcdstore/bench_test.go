@@ -2,6 +2,7 @@ package etcdstore_test
 
 import (
 	"context"
+	"github.com/leasefs/leasefs/filestore"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -21,7 +22,7 @@ func BenchmarkOps(b *testing.B) {
 	quiet := slog.New(slog.DiscardHandler)
 	stores := map[string]func(b *testing.B) leasecore.Store{
 		"file": func(b *testing.B) leasecore.Store {
-			s, err := leasecore.OpenFileStore(b.TempDir(), leasecore.Options{Logger: quiet})
+			s, err := filestore.Open(b.TempDir(), filestore.Options{Options: leasecore.Options{Logger: quiet}})
 			if err != nil {
 				b.Fatal(err)
 			}

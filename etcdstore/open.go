@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -30,29 +29,9 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	if !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	if opts.LeaseDuration <= 0 {
-		opts.LeaseDuration = leasecore.DefaultLeaseDuration
-	}
-	if opts.HistoryKeep <= 0 {
-		opts.HistoryKeep = leasecore.DefaultHistoryKeep
-	}
-	if opts.MaxLeasesPerUID <= 0 {
-		opts.MaxLeasesPerUID = leasecore.DefaultMaxLeasesPerUID
-	}
-	if opts.ReapInterval <= 0 {
-		opts.ReapInterval = min(max(opts.LeaseDuration/10, 50*time.Millisecond), time.Second)
-	}
-	if opts.Clock == nil {
-		opts.Clock = leasecore.NewSystemClock()
-	}
-	if opts.Host == "" {
-		opts.Host = procfs.Hostname()
-	}
+	opts.Options = opts.Options.WithDefaults()
 	if opts.DaemonID == "" {
 		opts.DaemonID = opts.Host
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
 	}
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = DefaultCallTimeout

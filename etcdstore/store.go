@@ -61,7 +61,8 @@ type Options struct {
 	// rounded up to whole seconds), HistoryKeep, MaxLeasesPerUID,
 	// ReapInterval, Clock, Host, ReadOnly, Logger and OnCommit (called
 	// once for every call whose transaction changed the cluster, with
-	// that transaction's round trip). NoDaemon is ignored.
+	// that transaction's round trip); their defaults are
+	// [leasecore.Options.WithDefaults]'s.
 	leasecore.Options
 	// DaemonID names this daemon among the daemons of its host (default
 	// the host): a store that opens settles the handle leases left by a

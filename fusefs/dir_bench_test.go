@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"github.com/leasefs/leasefs/internal/engine"
 	"log/slog"
 	"strconv"
 	"testing"
@@ -14,7 +15,7 @@ import (
 // dirNode.Readdir, as one READDIR stream does.
 func BenchmarkReaddir(b *testing.B) {
 	const n = 100000
-	store := leasecore.NewMemStore(leasecore.Options{
+	store := engine.NewMemStore(leasecore.Options{
 		LeaseDuration: time.Hour, MaxLeasesPerUID: n, Host: "bench", Logger: slog.New(slog.DiscardHandler),
 	})
 	defer store.Close()

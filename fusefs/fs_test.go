@@ -3,6 +3,7 @@ package fusefs
 import (
 	"bytes"
 	"context"
+	"github.com/leasefs/leasefs/internal/engine"
 	"log/slog"
 	"os"
 	"strings"
@@ -31,7 +32,7 @@ const (
 // built without a mount.
 type testEnv struct {
 	clock *clocktest.FakeClock
-	store *leasecore.MemStore
+	store *engine.MemStore
 	fsys  *FS
 	root  *dirNode
 }
@@ -46,13 +47,13 @@ func newEnv(t *testing.T, opts leasecore.Options) *testEnv {
 	if opts.Host == "" {
 		opts.Host = "testhost"
 	}
-	store := leasecore.NewMemStore(opts)
+	store := engine.NewMemStore(opts)
 	t.Cleanup(func() { _ = store.Close() })
 	return newEnvOn(t, clock, store, store)
 }
 
 // newEnvOn builds the node tree over s (which may wrap mem).
-func newEnvOn(t *testing.T, clock *clocktest.FakeClock, mem *leasecore.MemStore, s leasecore.Store) *testEnv {
+func newEnvOn(t *testing.T, clock *clocktest.FakeClock, mem *engine.MemStore, s leasecore.Store) *testEnv {
 	t.Helper()
 	f := New(s, Options{Logger: slog.New(slog.DiscardHandler)})
 	_ = f.RawFileSystem() // initialises the inode tree

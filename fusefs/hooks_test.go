@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"github.com/leasefs/leasefs/internal/engine"
 	"log/slog"
 	"slices"
 	"sync"
@@ -46,7 +47,7 @@ func (c *hookCalls) get() ([]string, []time.Duration) {
 // without waiting is no handoff.
 func TestHooksSeeRefusalsAndHandoffs(t *testing.T) {
 	clock := clocktest.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
-	store := leasecore.NewMemStore(leasecore.Options{Clock: clock, Host: "testhost", Logger: slog.New(slog.DiscardHandler)})
+	store := engine.NewMemStore(leasecore.Options{Clock: clock, Host: "testhost", Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { _ = store.Close() })
 	var calls hookCalls
 	f := New(store, Options{Logger: slog.New(slog.DiscardHandler), OnRefuse: calls.refuse, OnHandoff: calls.handoff})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/leasefs/leasefs/internal/engine"
 	"log/slog"
 	"slices"
 	"strings"
@@ -131,7 +132,7 @@ func TestRefusalRateLimit(t *testing.T) {
 // it log no warning; another uid opening the lease for writing does.
 func TestConflictsAreNotWarnings(t *testing.T) {
 	clock := clocktest.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
-	store := leasecore.NewMemStore(leasecore.Options{Clock: clock, Host: "testhost", Logger: slog.New(slog.DiscardHandler)})
+	store := engine.NewMemStore(leasecore.Options{Clock: clock, Host: "testhost", Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() { _ = store.Close() })
 	var log logLines
 	f := New(store, Options{Logger: slog.New(slog.NewJSONHandler(&log, nil))})

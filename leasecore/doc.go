@@ -1,7 +1,7 @@
-// Package leasecore is the lease store of leasefs: exclusive writer leases on
-// named resources, kept as durable TOML records, with bearer tokens stored only
-// as blake3 hashes, heartbeat expiry, pid and boot liveness, and fencing
-// generations.
+// Package leasecore is the lease model of leasefs and the contract of its
+// stores: exclusive writer leases on named resources, recorded as TOML
+// records, with bearer tokens stored only as blake3 hashes, heartbeat
+// expiry, pid and boot liveness, and fencing generations.
 //
 // # Model
 //
@@ -19,23 +19,20 @@
 //
 // # Stores
 //
-// [FileStore] and [MemStore] share one lease engine; the file store adds the
-// records on disk. Package storetest is the contract every [Store] passes.
+// This package holds no store. Package filestore is the file store (the
+// default), internal/engine the lease engine it shares with the memory
+// store, package etcdstore the etcd store; each implements [Store] and its
+// optional capabilities ([HealthReporter], [BacklogReporter],
+// [HandleOwner], [NameReader], [KnownReader]), takes [Options] (defaults
+// from [Options.WithDefaults]), applies the rules of rules.go and encodes
+// records with [EncodeRecord] (docs/PROTOCOL.md §4.3). Package storetest is
+// the contract every [Store] passes.
 //
 // # Records
 //
-// The file store ([OpenFileStore]) keeps one record per lease in
-// <state>/writer-leases/<lease-id>.toml with the field names of docs/PROTOCOL.md §4.3. Every
-// change is appended to the journal (journal.0, journal.1) and is durable
-// before the call returns: one fdatasync(2) covers every change that arrived
-// while the previous one ran (group commit). The record files are written
-// behind from the journal and synced by checkpoints; readers replay the
-// journal, so they never see the lag (docs/PROTOCOL.md §4.3,
-// docs/ARCHITECTURE.md "Group commit in the file store"). Record writes are
-// serialised across processes by an exclusive flock(2) on
-// <state>/writer-leases/.lock; readers such as "leasefs ls" take it shared.
-// The daemon keeps an in-memory index so that reserving a name does not read
-// every record.
+// A record is one lease in the TOML form of docs/PROTOCOL.md §4.3, with
+// the field names of the field table ([EncodeRecord], [DecodeRecord]);
+// the status document shows the same fields ([StatusDocument], §4.1).
 //
 // # Time
 //
@@ -46,6 +43,6 @@
 // # Single-daemon lock
 //
 // One daemon writes a state directory at a time. The lock that ensures it,
-// on <state>/leasefs.lock, is not part of the store: it lives in package
+// on <state>/leasefs.lock, is not part of any store: it lives in package
 // internal/daemonlock, taken by the mount before it opens the store.
 package leasecore

@@ -37,15 +37,15 @@ pid = 42
 	f.Add([]byte("lease_id = \"lease-a\"\npid = -1\n"))
 	f.Add([]byte{0xff, 0xfe, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		l, hash, err := decodeRecord(data)
+		l, hash, err := DecodeRecord(data)
 		if err != nil {
 			return
 		}
 		if ValidateLeaseID(l.ID) != nil || ValidateResource(l.Resource) != nil {
 			t.Fatalf("accepted a record with a bad id or resource: %+v", l)
 		}
-		out := encodeRecord(&l, hash)
-		again, hash2, err := decodeRecord(out)
+		out := EncodeRecord(&l, hash)
+		again, hash2, err := DecodeRecord(out)
 		if err != nil {
 			t.Fatalf("a record written from an accepted one does not load: %v\n%s", err, out)
 		}

@@ -171,8 +171,9 @@ type Namespace struct {
 }
 
 // Store is the lease store behind a leasefs mount. The file store
-// ([OpenFileStore]) is the default, [NewMemStore] keeps leases in memory,
-// and other stores (etcd) implement the same contract; the contract suite
+// (package filestore) is the default, the memory store (internal/engine)
+// keeps leases in memory, and other stores (etcdstore) implement the same
+// contract; the contract suite
 // in leasecore/storetest checks every implementation. All methods are safe
 // for concurrent use.
 //

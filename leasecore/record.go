@@ -20,15 +20,16 @@ const MaxGeneration = 1 << 48
 // maxPID bounds a recorded pid: Linux's PID_MAX_LIMIT (2^22).
 const maxPID = 1 << 22
 
-// maxRecordBytes bounds the size of a record file that will be parsed; a
+// MaxRecordBytes bounds the size in bytes of a record (docs/PROTOCOL.md
+// §4.3) that will be parsed; a
 // larger file is corrupt or hostile.
-const maxRecordBytes = 1 << 20
+const MaxRecordBytes = 1 << 20
 
-// encodeRecord renders lease l and its token hash as a record
+// EncodeRecord renders lease l and its token hash as a record
 // (docs/PROTOCOL.md §4.3): one "key = value" line per recorded field, the
 // reference store's names, optional fields omitted while unset (and so
 // are holder_pid and host, unset in records of the reference store).
-func encodeRecord(l *Lease, tokenHash string) []byte {
+func EncodeRecord(l *Lease, tokenHash string) []byte {
 	var b strings.Builder
 	for _, f := range leaseFields {
 		if f.record == "" || (f.optional || f.recordOpt) && f.unset(l) {
@@ -43,7 +44,7 @@ func encodeRecord(l *Lease, tokenHash string) []byte {
 	return []byte(b.String())
 }
 
-// decodeRecord parses and validates a record and returns its lease (without
+// DecodeRecord parses and validates a record and returns its lease (without
 // ExpiresAt, which the store derives) and token hash. Unknown keys are
 // ignored; a record of the reference store, which lacks this project's
 // fields, loads as a token lease. It never panics on hostile input; it
@@ -52,16 +53,16 @@ func encodeRecord(l *Lease, tokenHash string) []byte {
 // Records in leasefs's own canonical form take a fast path
 // ([decodeCanonical]); everything else goes through the general TOML
 // decoder ([decodeTOMLRecord]), with the same results.
-func decodeRecord(data []byte) (Lease, string, error) {
+func DecodeRecord(data []byte) (Lease, string, error) {
 	var l Lease
-	hash, err := decodeRecordInto(&l, data, nil)
+	hash, err := DecodeRecordInto(&l, data, nil)
 	return l, hash, err
 }
 
-// decodeRecordInto is [decodeRecord] into *l, which must be the zero
+// DecodeRecordInto is [DecodeRecord] into *l, which must be the zero
 // Lease, sharing repeated string values through intern (see
 // [decodeCanonical]); intern may be nil. On error *l is unspecified.
-func decodeRecordInto(l *Lease, data []byte, intern func([]byte) string) (string, error) {
+func DecodeRecordInto(l *Lease, data []byte, intern func([]byte) string) (string, error) {
 	if hash, ok := decodeCanonical(l, data, intern); ok {
 		return hash, validateRecord(l)
 	}
@@ -71,11 +72,11 @@ func decodeRecordInto(l *Lease, data []byte, intern func([]byte) string) (string
 	return hash, err
 }
 
-// decodeTOMLRecord is [decodeRecord] through the general TOML decoder:
+// decodeTOMLRecord is [DecodeRecord] through the general TOML decoder:
 // any valid TOML, native datetimes, unknown keys ignored.
 func decodeTOMLRecord(data []byte) (Lease, string, error) {
-	if len(data) > maxRecordBytes {
-		return Lease{}, "", fmt.Errorf("record of %d bytes exceeds %d", len(data), maxRecordBytes)
+	if len(data) > MaxRecordBytes {
+		return Lease{}, "", fmt.Errorf("record of %d bytes exceeds %d", len(data), MaxRecordBytes)
 	}
 	m := make(map[string]any)
 	if _, err := toml.Decode(string(data), &m); err != nil {

@@ -8,7 +8,7 @@ import (
 // The fast path of record decoding. A store of 100,000 leases loads
 // 100,000 records at every start and every "leasefs ls"; a general TOML
 // decoder into map[string]any spends most of that time building maps and
-// boxing values. Records leasefs writes itself (see [encodeRecord]) have a
+// boxing values. Records leasefs writes itself (see [EncodeRecord]) have a
 // fixed shape, and [decodeCanonical] reads exactly that shape:
 //
 //	KEY = "TEXT"\n      TEXT without '\', '"' or control characters, valid UTF-8
@@ -19,7 +19,7 @@ import (
 // datetimes, tables or unknown keys. Every such input is also valid TOML
 // meaning the same values, which the tests check against the general
 // decoder (FuzzDecodeCanonical). Anything else is declined, and
-// [decodeRecord] hands it to the general decoder, which accepts all of
+// [DecodeRecord] hands it to the general decoder, which accepts all of
 // TOML: records of the reference store, native datetimes, unknown keys.
 
 // recordKeys maps a record key to its field in leaseFields; tokenHashKey
@@ -48,7 +48,7 @@ const maxCanonicalDigits = 18
 // string value (host, boot id, client) that many records repeat; values it
 // returns must equal its argument.
 func decodeCanonical(l *Lease, data []byte, intern func([]byte) string) (hash string, ok bool) {
-	if len(data) == 0 || len(data) > maxRecordBytes || data[len(data)-1] != '\n' {
+	if len(data) == 0 || len(data) > MaxRecordBytes || data[len(data)-1] != '\n' {
 		return "", false
 	}
 	var seen uint64 // bit i+1: field i of leaseFields; bit 0: token_hash
@@ -176,23 +176,10 @@ func internValue(f field, text []byte, intern func([]byte) string) string {
 	return string(text)
 }
 
-// interner shares the copies of repeated string values within one load.
-// At most maxInterned distinct values are kept; later ones are copied as
-// they come. Not safe for concurrent use: each loading goroutine has its
-// own.
-type interner map[string]string
-
-// maxInterned bounds an [interner].
-const maxInterned = 4096
-
-// get returns a string equal to b, shared with earlier equal values.
-func (in interner) get(b []byte) string {
-	if s, ok := in[string(b)]; ok {
-		return s
-	}
-	s := string(b)
-	if len(in) < maxInterned {
-		in[s] = s
-	}
-	return s
+// CanonicalString decodes val, a TOML basic string in the canonical form
+// [QuoteTOML] writes (quotes included), and reports whether it was one;
+// when it was not, the caller uses the general TOML decoder.
+func CanonicalString(val []byte) (string, bool) {
+	text, ok := canonicalString(val)
+	return string(text), ok
 }

@@ -1,6 +1,7 @@
 package leasecore
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ func everyFieldLease() Lease {
 func sameDecoding(t *testing.T, data []byte) (accepted bool) {
 	t.Helper()
 	var fast Lease
-	fastHash, ok := decodeCanonical(&fast, data, interner{}.get)
+	fastHash, ok := decodeCanonical(&fast, data, func(b []byte) string { return string(b) })
 	if !ok {
 		return false
 	}
@@ -50,13 +51,13 @@ func TestCanonicalRecordsTakeFastPath(t *testing.T) {
 	zeroTime := minimal
 	zeroTime.HeartbeatAt = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for name, l := range map[string]Lease{"full": full, "minimal": minimal, "whole seconds": zeroTime} {
-		data := encodeRecord(&l, HashToken(testToken))
+		data := EncodeRecord(&l, HashToken(testToken))
 		if !sameDecoding(t, data) {
 			t.Errorf("%s: the fast path declined a record leasefs wrote:\n%s", name, data)
 		}
-		got, hash, err := decodeRecord(data)
+		got, hash, err := DecodeRecord(data)
 		if err != nil || !reflect.DeepEqual(got, l) || hash != HashToken(testToken) {
-			t.Errorf("%s: decodeRecord = %+v, %q, %v; want %+v", name, got, hash, err, l)
+			t.Errorf("%s: DecodeRecord = %+v, %q, %v; want %+v", name, got, hash, err, l)
 		}
 	}
 }
@@ -84,9 +85,9 @@ status = "active"
 		if _, ok := decodeCanonical(new(Lease), []byte(data), nil); ok {
 			t.Errorf("%s: the fast path accepted a non-canonical record:\n%s", name, data)
 		}
-		l, _, err := decodeRecord([]byte(data))
+		l, _, err := DecodeRecord([]byte(data))
 		if err != nil || l.ID != id || l.Resource != "a" || l.Mode != ModeToken {
-			t.Errorf("%s: decodeRecord = %+v, %v; want the lease loaded", name, l, err)
+			t.Errorf("%s: DecodeRecord = %+v, %v; want the lease loaded", name, l, err)
 		}
 	}
 }
@@ -125,15 +126,30 @@ func TestCanonicalDeclinesWhatTOMLRefuses(t *testing.T) {
 // error).
 func FuzzDecodeCanonical(f *testing.F) {
 	full := everyFieldLease()
-	f.Add(encodeRecord(&full, HashToken(testToken)))
+	f.Add(EncodeRecord(&full, HashToken(testToken)))
 	minimal := Lease{ID: "lease-abc", Resource: "a", Status: StatusActive, StartedAt: testStart, HeartbeatAt: testStart}
-	f.Add(encodeRecord(&minimal, "00"))
+	f.Add(EncodeRecord(&minimal, "00"))
 	f.Add([]byte("lease_id = \"lease-a\"\ngeneration = 281474976710657\n"))
 	f.Add([]byte("pid = 4194305\nholder_uid = 4294967296\n"))
 	f.Add([]byte("thread = \"é\"\nstatus = \"weird\"\n"))
 	f.Add([]byte("heartbeat_at = \"2026-13-30T02:00:00Z\"\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameDecoding(t, data)
-		_, _, _ = decodeRecord(data)
+		_, _, _ = DecodeRecord(data)
 	})
+}
+
+// referenceRecord is a record as the reference store writes it: RFC 3339
+// string times with nanoseconds, no generation, mode or holder fields.
+func referenceRecord(id, thread, heartbeat, started string) string {
+	return fmt.Sprintf(`lease_id = %q
+thread = %q
+actor_session_id = "agent-one"
+anchor_state = "hd-state"
+anchor_root = "root"
+token_hash = %q
+heartbeat_at = %s
+started_at = %s
+status = "active"
+`, id, thread, HashToken(testToken), heartbeat, started)
 }

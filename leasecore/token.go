@@ -108,8 +108,8 @@ func ValidateResource(resource string) error {
 	return nil
 }
 
-// parentOf returns the namespace that contains resource ("" for the root).
-func parentOf(resource string) string {
+// ParentOf returns the namespace that contains resource ("" for the root).
+func ParentOf(resource string) string {
 	if i := strings.LastIndexByte(resource, '/'); i >= 0 {
 		return resource[:i]
 	}

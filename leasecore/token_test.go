@@ -213,8 +213,8 @@ func TestParentOf(t *testing.T) {
 		"a/b":   "a",
 		"a/b/c": "a/b",
 	} {
-		if got := parentOf(in); got != want {
-			t.Errorf("parentOf(%q) = %q, want %q", in, got, want)
+		if got := ParentOf(in); got != want {
+			t.Errorf("ParentOf(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasefs/leasefs/internal/engine"
 	"io"
 	"log/slog"
 	"math"
@@ -67,7 +68,7 @@ var benchStores = []struct {
 }{
 	{"mem", func(string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 		return func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
-			return leasecore.NewMemStore(leasecore.Options{Logger: slog.New(slog.DiscardHandler)}), nil
+			return engine.NewMemStore(leasecore.Options{Logger: slog.New(slog.DiscardHandler)}), nil
 		}
 	}},
 	{"file", func(string) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {

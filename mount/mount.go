@@ -18,6 +18,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/leasefs/leasefs/filestore"
 	"github.com/leasefs/leasefs/fusefs"
 	"github.com/leasefs/leasefs/internal/daemonlock"
 	"github.com/leasefs/leasefs/internal/procfs"
@@ -407,16 +408,16 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 // store in the state directory state, with hooks installed.
 func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 	return func(_ context.Context, log *slog.Logger, hooks StoreHooks) (leasecore.Store, error) {
-		s, err := leasecore.OpenFileStore(state, leasecore.Options{
+		s, err := filestore.Open(state, filestore.Options{Options: leasecore.Options{
 			LeaseDuration:   opts.LeaseDuration,
 			HistoryKeep:     opts.HistoryKeep,
 			MaxLeasesPerUID: opts.MaxLeasesPerUID,
 			Logger:          log,
 			OnCommit:        hooks.OnCommit,
 			HandleHolders:   hooks.HandleHolders,
-		})
+		}})
 		if err != nil {
-			return nil, err // a nil Store, not a Store holding a nil *FileStore
+			return nil, err // a nil Store, not a Store holding a nil *filestore.Store
 		}
 		return s, nil
 	}

@@ -3,6 +3,7 @@ package mount
 import (
 	"context"
 	"errors"
+	"github.com/leasefs/leasefs/filestore"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -156,7 +157,7 @@ func (h *mountedHandler) Handle(ctx context.Context, r slog.Record) error {
 // reports Options.LeaseDuration, and Run closes the store once.
 func TestRunServesOpenedStore(t *testing.T) {
 	testenv.RequireFUSE(t)
-	backing, err := leasecore.OpenFileStore(t.TempDir(), leasecore.Options{})
+	backing, err := filestore.Open(t.TempDir(), filestore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

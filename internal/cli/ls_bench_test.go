@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"github.com/leasefs/leasefs/filestore"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,7 +19,7 @@ import (
 func BenchmarkLs(b *testing.B) {
 	const n = 100000
 	state := b.TempDir()
-	dir := filepath.Join(state, leasecore.LeasesDir)
+	dir := filepath.Join(state, filestore.LeasesDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		b.Fatal(err)
 	}
@@ -39,7 +40,7 @@ func BenchmarkLs(b *testing.B) {
 	}
 	// A daemon that served the directory leaves a record cache, which
 	// "leasefs ls" reads as a daemon's next start does.
-	s, err := leasecore.OpenFileStore(state, leasecore.Options{LeaseDuration: time.Hour})
+	s, err := filestore.Open(state, filestore.Options{Options: leasecore.Options{LeaseDuration: time.Hour}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"github.com/leasefs/leasefs/filestore"
 	"io"
 	"log/slog"
 	"path/filepath"
@@ -158,16 +159,18 @@ history says so on stderr.`,
 const listingGCPercent = 400
 
 // openReadOnly opens the store at state for reading under its shared lock.
-func openReadOnly(state string, stderr io.Writer) (*leasecore.FileStore, error) {
+func openReadOnly(state string, stderr io.Writer) (*filestore.Store, error) {
 	debug.SetGCPercent(listingGCPercent)
 	held, ok := daemonlock.Held(filepath.Join(state, mount.DaemonLockName))
-	return leasecore.OpenFileStore(state, leasecore.Options{
-		ReadOnly: true,
+	return filestore.Open(state, filestore.Options{
+		Options: leasecore.Options{
+			ReadOnly: true,
+			// Handle leases of previous daemons still held are shown as such.
+			HandleHolders: mount.HandleHolders(state),
+			// Records that cannot be loaded are reported on stderr.
+			Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		},
 		NoDaemon: ok && !held,
-		// Handle leases of previous daemons still held are shown as such.
-		HandleHolders: mount.HandleHolders(state),
-		// Records that cannot be loaded are reported on stderr.
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 }
 

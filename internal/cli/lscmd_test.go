@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"github.com/leasefs/leasefs/filestore"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,7 +80,7 @@ func TestLsUnreadableState(t *testing.T) {
 // TestLsServedState checks that ls still reads a store that a daemon has written.
 func TestLsServedState(t *testing.T) {
 	state := t.TempDir()
-	s, err := leasecore.OpenFileStore(state, leasecore.Options{})
+	s, err := filestore.Open(state, filestore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

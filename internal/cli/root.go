@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasefs/leasefs/filestore"
 	"io"
 	"io/fs"
 	"path/filepath"
@@ -14,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/leasefs/leasefs/internal/daemonlock"
-	"github.com/leasefs/leasefs/leasecore"
 	"github.com/leasefs/leasefs/mount"
 )
 
@@ -136,7 +136,7 @@ func storeError(state string, err error) error {
 		// The operation and path of a failure inside the state directory
 		// say nothing the user can act on beyond its cause.
 		reason = pe.Err.Error()
-		if pe.Path != state && pe.Path != filepath.Join(state, leasecore.LeasesDir) {
+		if pe.Path != state && pe.Path != filepath.Join(state, filestore.LeasesDir) {
 			reason = pe.Path + ": " + reason
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/leasefs/leasefs/filestore"
+	"github.com/leasefs/leasefs/internal/engine"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -31,7 +33,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // reaper never runs by itself: expiries happen when the test calls Reap.
 type testEnv struct {
 	reg   *Registry
-	store *leasecore.MemStore
+	store *engine.MemStore
 	clock *clocktest.FakeClock
 }
 
@@ -39,7 +41,7 @@ func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	reg := New(Options{Logger: quiet})
 	clock := clocktest.NewFakeClock(time.Date(2026, 11, 30, 2, 0, 0, 0, time.UTC))
-	store := leasecore.NewMemStore(leasecore.Options{
+	store := engine.NewMemStore(leasecore.Options{
 		Clock: clock, Host: "testhost", LeaseDuration: leaseDuration, ReapInterval: time.Hour,
 		Logger: quiet, OnCommit: reg.Committed,
 	})
@@ -276,7 +278,7 @@ func TestLaggingRecords(t *testing.T) {
 	}
 	reg := New(Options{Logger: quiet})
 	state := t.TempDir()
-	store, err := leasecore.OpenFileStore(state, leasecore.Options{Host: "testhost", LeaseDuration: leaseDuration, Logger: quiet})
+	store, err := filestore.Open(state, filestore.Options{Options: leasecore.Options{Host: "testhost", LeaseDuration: leaseDuration, Logger: quiet}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +298,7 @@ func TestLaggingRecords(t *testing.T) {
 	waitSamples(t, h, map[string]float64{"leasefs_store_lagging_records": 0})
 	// 0 means the record files say what the journal does: all three are
 	// written.
-	records, err := filepath.Glob(filepath.Join(state, leasecore.LeasesDir, "lease-*.toml"))
+	records, err := filepath.Glob(filepath.Join(state, filestore.LeasesDir, "lease-*.toml"))
 	if err != nil || len(records) != 3 {
 		t.Errorf("with leasefs_store_lagging_records 0, the record files are %v (%v), want 3", records, err)
 	}

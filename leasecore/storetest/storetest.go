@@ -4,7 +4,7 @@
 //
 //	func TestContract(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T, opts leasecore.Options) leasecore.Store {
-//			s := leasecore.NewMemStore(opts)
+//			s := engine.NewMemStore(opts)
 //			t.Cleanup(func() { s.Close() })
 //			return s
 //		})
