@@ -2,49 +2,22 @@ package filestore
 
 import (
 	"context"
+
+	"github.com/leasefs/leasefs/internal/procfs"
+	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/leasefs/leasefs/internal/procfs"
 )
-
-// startSleeper starts `sleep 30` and kills it when the test ends if the test
-// has not already.
-func startSleeper(t *testing.T) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command("sleep", "30")
-	if err := cmd.Start(); err != nil {
-		t.Skipf("cannot start sleep: %v", err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd
-}
-
-// exitedPID returns the pid of a child that has exited and been reaped.
-func exitedPID(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("true")
-	if err := cmd.Run(); err != nil {
-		t.Skipf("cannot run true: %v", err)
-	}
-	return cmd.Process.Pid
-}
 
 func TestHolderPIDDeathEndsLease(t *testing.T) {
 	t.Parallel()
 	s, clock, _ := newTestStore(t, Options{})
 	ctx := context.Background()
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	pid := child.Process.Pid
 	g, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", Annotations: leasecore.Annotations{"pid": strconv.Itoa(pid)}})
 	if err != nil {
@@ -79,7 +52,7 @@ func TestHolderPIDAnnotationOnRenew(t *testing.T) {
 	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
 	g := reserve(t, s, "x")
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	pid := child.Process.Pid
 	l, err := s.Renew(ctx, g.Lease.ID, g.Token, leasecore.Annotations{"pid": strconv.Itoa(pid)})
 	if err != nil || l.PID != pid {
@@ -101,12 +74,12 @@ func TestNotRunningPIDRefused(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newTestStore(t, Options{})
 	ctx := context.Background()
-	for _, pid := range []int{exitedPID(t), -1, 1 << 30} {
+	for _, pid := range []int{testenv.ExitedPID(t), -1, 1 << 30} {
 		_, err := s.Reserve(ctx, leasecore.Draft{Resource: "x", Annotations: leasecore.Annotations{"pid": strconv.Itoa(pid)}})
 		wantErr(t, "Reserve with pid "+strconv.Itoa(pid), err, leasecore.ErrInvalidArgument)
 	}
 	g := reserve(t, s, "x")
-	bad := exitedPID(t)
+	bad := testenv.ExitedPID(t)
 	_, err := s.Renew(ctx, g.Lease.ID, g.Token, leasecore.Annotations{"pid": strconv.Itoa(bad)})
 	wantErr(t, "Renew with a dead pid", err, leasecore.ErrInvalidArgument)
 	if l, err := s.Live(ctx, "x"); err != nil || l.PID != 0 {
@@ -213,7 +186,7 @@ func TestLivenessRulesAreHostLocal(t *testing.T) {
 	t.Parallel()
 	s, clock, state := newTestStore(t, Options{Options: leasecore.Options{Host: "here"}})
 	ctx := context.Background()
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	pid := strconv.Itoa(child.Process.Pid)
 	mine, err := s.Reserve(ctx, leasecore.Draft{Resource: "mine", Annotations: leasecore.Annotations{"pid": pid}})
 	if err != nil {

@@ -2,59 +2,24 @@ package filestore
 
 import (
 	"context"
-	"github.com/leasefs/leasefs/leasecore"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/leasefs/leasefs/internal/procfs"
+	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/leasecore/storetest"
 )
-
-// requiredKeys are the status document keys of docs/PROTOCOL.md §4.1 that every token
-// lease shows, in order.
-var requiredKeys = []string{
-	"resource", "lease_id", "status", "mode", "generation", "holder_uid",
-	"holder_pid", "host", "started_at", "heartbeat_at", "expires_at",
-}
-
-var statusTimePattern = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
-
-// docKeys returns the keys of a status document in order.
-func docKeys(t *testing.T, doc []byte) []string {
-	t.Helper()
-	var keys []string
-	for line := range strings.SplitSeq(strings.TrimSuffix(string(doc), "\n"), "\n") {
-		k, _, ok := strings.Cut(line, " = ")
-		if !ok {
-			t.Fatalf("line %q is not key = value", line)
-		}
-		keys = append(keys, k)
-	}
-	return keys
-}
-
-// parseDoc parses a status document with a real TOML parser.
-func parseDoc(t *testing.T, doc []byte) map[string]any {
-	t.Helper()
-	m := make(map[string]any)
-	if _, err := toml.Decode(string(doc), &m); err != nil {
-		t.Fatalf("status document does not parse as TOML: %v\n%s", err, doc)
-	}
-	return m
-}
 
 func TestStatusDocumentOfAReservedLease(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newTestStore(t, Options{})
 	g := reserve(t, s, "feature-a")
 	doc := leasecore.StatusDocument(g.Lease)
-	keys := docKeys(t, doc)
+	keys := storetest.DocKeys(t, doc)
 	// boot_id is recorded at reserve (docs/PROTOCOL.md §5 rule 3) and is optional.
-	want := slices.Clone(requiredKeys)
+	want := slices.Clone(storetest.RequiredStatusKeys)
 	if procfs.BootID() != "" {
 		want = append(want, "boot_id")
 	}
@@ -65,7 +30,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 		strings.Contains(string(doc), "token_hash") {
 		t.Fatalf("status document reveals the token or its hash:\n%s", doc)
 	}
-	m := parseDoc(t, doc)
+	m := storetest.ParseDoc(t, doc)
 	if m["resource"] != "feature-a" || m["lease_id"] != g.Lease.ID || m["status"] != "active" || m["mode"] != "token" ||
 		m["generation"] != int64(1) || m["holder_uid"] != int64(1000) || m["holder_pid"] != int64(4242) || m["host"] != "testhost" {
 		t.Errorf("document values = %v", m)
@@ -81,7 +46,7 @@ func TestStatusDocumentOfAReservedLease(t *testing.T) {
 		}
 	}
 	for _, f := range leasecore.StatusFields(g.Lease) {
-		if strings.HasSuffix(f.Key, "_at") && (!statusTimePattern.MatchString(f.TOML) || f.Raw != f.TOML) {
+		if strings.HasSuffix(f.Key, "_at") && (!storetest.StatusTimePattern.MatchString(f.TOML) || f.Raw != f.TOML) {
 			t.Errorf("%s rendered %q / raw %q, want millisecond UTC datetime", f.Key, f.TOML, f.Raw)
 		}
 	}
@@ -97,7 +62,7 @@ func TestStatusDocumentAfterRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := parseDoc(t, leasecore.StatusDocument(l))
+	m := storetest.ParseDoc(t, leasecore.StatusDocument(l))
 	if m["status"] != "complete" {
 		t.Errorf("status = %v", m["status"])
 	}

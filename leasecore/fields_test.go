@@ -1,4 +1,4 @@
-package leasecore
+package leasecore_test
 
 import (
 	"bytes"
@@ -8,18 +8,18 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/leasefs/leasefs/leasecore"
+	"github.com/leasefs/leasefs/leasecore/storetest"
 )
 
-// testStart is the time tests start at; testToken the token of the
-// records they encode.
+// testStart is the time of the leases these tests build.
 var testStart = time.Date(2026, 11, 30, 2, 0, 0, 123456789, time.UTC)
 
-const testToken = "hwl_testtokentesttokentesttokentesttokentes"
-
 // fullLease has every field of the table set.
-func fullLease() Lease {
-	return Lease{
-		ID: "lease-x", Resource: "a/b", Status: StatusActive, Mode: ModeToken, Generation: 17,
+func fullLease() leasecore.Lease {
+	return leasecore.Lease{
+		ID: "lease-x", Resource: "a/b", Status: leasecore.StatusActive, Mode: leasecore.ModeToken, Generation: 17,
 		HolderUID: 1000, HolderGID: 100, HolderPID: 4242, Host: "vm",
 		StartedAt: testStart, HeartbeatAt: testStart, ExpiresAt: testStart.Add(time.Minute),
 		CompletedAt: testStart.Add(time.Second), PID: 77, PIDStartTicks: 9, BootID: "boot",
@@ -55,14 +55,14 @@ func jsonKeys(t *testing.T, data []byte) []string {
 // same order, for a full lease and a minimal one.
 func TestLeaseJSONKeysAreStatusDocumentKeys(t *testing.T) {
 	t.Parallel()
-	minimal := Lease{ID: "lease-y", Resource: "h", Status: StatusActive, Mode: ModeHandle, Generation: 2,
+	minimal := leasecore.Lease{ID: "lease-y", Resource: "h", Status: leasecore.StatusActive, Mode: leasecore.ModeHandle, Generation: 2,
 		StartedAt: testStart, HeartbeatAt: testStart}
-	for _, l := range []Lease{fullLease(), minimal} {
+	for _, l := range []leasecore.Lease{fullLease(), minimal} {
 		data, err := json.Marshal(l)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := jsonKeys(t, data), docKeys(t, StatusDocument(l)); !slices.Equal(got, want) {
+		if got, want := jsonKeys(t, data), storetest.DocKeys(t, leasecore.StatusDocument(l)); !slices.Equal(got, want) {
 			t.Errorf("JSON keys =\n%v\nstatus document keys =\n%v", got, want)
 		}
 	}
@@ -83,13 +83,13 @@ func TestRecordKeysFollowTheFieldTable(t *testing.T) {
 	t.Parallel()
 	l := fullLease()
 	m := make(map[string]any)
-	if _, err := toml.Decode(string(EncodeRecord(&l, "h")), &m); err != nil {
+	if _, err := toml.Decode(string(leasecore.EncodeRecord(&l, "h")), &m); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"thread", "lease_id", "holder_gid", "pid_start_ticks", "token_hash", "anchor_state",
 		"takeover_reason", "completed_at"} {
 		if _, ok := m[k]; !ok {
-			t.Errorf("record lacks %s:\n%s", k, EncodeRecord(&l, "h"))
+			t.Errorf("record lacks %s:\n%s", k, leasecore.EncodeRecord(&l, "h"))
 		}
 	}
 	for _, k := range []string{"resource", "expires_at", "waiters"} {

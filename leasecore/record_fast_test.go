@@ -8,6 +8,12 @@ import (
 	"time"
 )
 
+// testStart is the time of the leases these tests build; testToken the
+// token of the records they encode.
+var testStart = time.Date(2026, 11, 30, 2, 0, 0, 123456789, time.UTC)
+
+const testToken = "hwl_testtokentesttokentesttokentesttokentes"
+
 // everyFieldLease returns a lease with every recorded field set.
 func everyFieldLease() Lease {
 	t := time.Date(2026, 11, 30, 2, 3, 0, 123456789, time.UTC)

@@ -2,38 +2,12 @@ package procfs
 
 import (
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/leasefs/leasefs/internal/testenv"
 )
-
-// startSleeper starts `sleep 30`, killed when the test ends if it has not
-// been already.
-func startSleeper(t *testing.T) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command("sleep", "30")
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("cannot start sleep: %v", err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd
-}
-
-// exitedPID returns the pid of a child that has exited and been reaped.
-func exitedPID(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("true")
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("cannot run true: %v", err)
-	}
-	return cmd.Process.Pid
-}
 
 func TestStartTicks(t *testing.T) {
 	t.Parallel()
@@ -45,12 +19,12 @@ func TestStartTicks(t *testing.T) {
 	if !ok || a != b {
 		t.Fatalf("StartTicks(self) not stable: %d then %d", a, b)
 	}
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	c, ok := StartTicks(child.Process.Pid)
 	if !ok || c < a {
 		t.Errorf("child started at %d (%v), before its parent at %d", c, ok, a)
 	}
-	for _, pid := range []int{0, -1, exitedPID(t)} {
+	for _, pid := range []int{0, -1, testenv.ExitedPID(t)} {
 		if ticks, ok := StartTicks(pid); ok {
 			t.Errorf("StartTicks(%d) = %d, true; want not ok", pid, ticks)
 		}
@@ -59,7 +33,7 @@ func TestStartTicks(t *testing.T) {
 
 func TestExited(t *testing.T) {
 	t.Parallel()
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	if Exited(os.Getpid()) || Exited(child.Process.Pid) {
 		t.Fatal("a running process reported as exited")
 	}
@@ -73,7 +47,7 @@ func TestExited(t *testing.T) {
 		}
 	}
 	child.Wait()
-	if !Exited(child.Process.Pid) || !Exited(exitedPID(t)) || !Exited(0) {
+	if !Exited(child.Process.Pid) || !Exited(testenv.ExitedPID(t)) || !Exited(0) {
 		t.Error("a reaped process or pid 0 reported as running")
 	}
 }
@@ -94,8 +68,8 @@ func TestGone(t *testing.T) {
 		{"self with its start time", self, ticks, false},
 		{"self with unknown start time", self, 0, false},
 		{"self with another start time (pid reused)", self, ticks + 1, true},
-		{"exited process", exitedPID(t), ticks, true},
-		{"exited process, unknown start time", exitedPID(t), 0, true},
+		{"exited process", testenv.ExitedPID(t), ticks, true},
+		{"exited process, unknown start time", testenv.ExitedPID(t), 0, true},
 		{"no pid", 0, 0, false},
 	}
 	for _, tc := range tests {
@@ -107,7 +81,7 @@ func TestGone(t *testing.T) {
 
 func TestKillPendingAndChildren(t *testing.T) {
 	t.Parallel()
-	child := startSleeper(t)
+	child := testenv.StartSleeper(t)
 	for _, pid := range []int{os.Getpid(), child.Process.Pid, 1 << 30} {
 		if KillPending(pid) {
 			t.Errorf("KillPending(%d) = true, for a running process or no process", pid)

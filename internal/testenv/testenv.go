@@ -5,6 +5,7 @@ package testenv
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -48,4 +49,32 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("%s: not within %v", what, WaitBound)
 		}
 	}
+}
+
+// StartSleeper starts `sleep 30`, a process a test can kill to see its
+// holder die, and kills and reaps it when t ends if the test has not.
+func StartSleeper(t testing.TB) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("cannot start sleep: %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// ExitedPID returns the pid of a child that has exited and been reaped: a
+// pid no process has (until the kernel reuses it).
+func ExitedPID(t testing.TB) int {
+	t.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("cannot run true: %v", err)
+	}
+	return cmd.Process.Pid
 }
