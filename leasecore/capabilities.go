@@ -10,7 +10,8 @@ package leasecore
 //     jeopardy ([OwnsHandle]);
 //   - [NameReader]: a namespace or a live lease in one read ([ReadName]);
 //   - [KnownReader]: what the store already knows, without a round trip
-//     ([Known]).
+//     ([Known]);
+//   - [LiveLister]: every live lease without a copy of them all.
 
 import (
 	"context"
@@ -148,4 +149,16 @@ func Known(ctx context.Context, s Store, resource string) (l Lease, live bool, w
 		return Lease{}, false, 0
 	}
 	return l, true, l.Waiters
+}
+
+// LiveLister is implemented by stores that can list their live leases
+// without copying them all first (the file store and the memory store,
+// whose leases are in memory): "leasefs ls" of 100,000 leases spares a
+// 40 MB slice. Implementations are safe for concurrent use.
+type LiveLister interface {
+	// EachLive calls fn with every live lease, sorted by resource as
+	// [Store.List] returns them, and n, their number. The *Lease is valid
+	// only during the call, and fn must not call the store. It stops at
+	// the first error of fn and returns it. Errors: ErrClosed, or fn's.
+	EachLive(ctx context.Context, fn func(l *Lease, n int) error) error
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"github.com/leasefs/leasefs/filestore"
 	"io"
@@ -75,9 +74,7 @@ an empty store), and the exit status is 0.`,
 				return nil
 			}
 			// The file store lists without copying every lease first.
-			if each, ok := s.(interface {
-				EachLive(context.Context, func(*leasecore.Lease, int) error) error
-			}); ok {
+			if each, ok := s.(leasecore.LiveLister); ok {
 				if err := each.EachLive(cmd.Context(), row); err != nil {
 					return err
 				}

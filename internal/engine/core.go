@@ -110,7 +110,10 @@ type Engine struct {
 	reaped     chan struct{}
 }
 
-var _ leasecore.Store = (*Engine)(nil)
+var (
+	_ leasecore.Store      = (*Engine)(nil)
+	_ leasecore.LiveLister = (*Engine)(nil)
+)
 
 // New returns an empty engine over p with opts, whose zero fields must
 // already hold their defaults ([leasecore.Options.WithDefaults]), and the

@@ -81,8 +81,8 @@ func (s *Engine) sortedLive(keep func(resource string) bool) []*Record {
 	return es
 }
 
-// EachLive calls fn with every live lease, sorted by resource, as [List]
-// returns them, and n, the number of them, without copying them all
+// EachLive ([leasecore.LiveLister]) calls fn with every live lease,
+// sorted by resource, as [List] returns them, and n, the number of them, without copying them all
 // first: a listing of 100,000 leases ("leasefs ls") spares a 40 MB slice.
 // The *Lease is valid only during the call; fn runs with the store's mutex
 // held and must not call the store. It stops at the first error of fn and
