@@ -348,6 +348,19 @@ func (s *Store) closeFiles() {
 	}
 }
 
+// lockRecords takes recMu and then the exclusive cross-process store lock
+// (the order of docs/ARCHITECTURE.md, "Locks and their order"), and
+// returns what releases both. Errors: the flock's; then nothing is held.
+func (s *Store) lockRecords() (func(), error) {
+	s.recMu.Lock()
+	unlock, err := s.flock(unix.LOCK_EX)
+	if err != nil {
+		s.recMu.Unlock()
+		return nil, err
+	}
+	return func() { unlock(); s.recMu.Unlock() }, nil
+}
+
 // flock takes the cross-process store lock, retrying on EINTR, and returns
 // its release. The caller holds recMu: the lock belongs to the store's one
 // open file description, so a second holder's release would end the first

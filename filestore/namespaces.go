@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
-	"golang.org/x/sys/unix"
 )
 
 // namespaceFile is the on-disk form of <state>/namespaces.toml.
@@ -115,9 +114,7 @@ func (s *Store) saveNamespaces(nss map[string]leasecore.Namespace) error {
 	if err := toml.NewEncoder(&buf).Encode(nf); err != nil {
 		return fmt.Errorf("leasecore: encode namespaces: %w", err)
 	}
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	unlock, err := s.flock(unix.LOCK_EX)
+	unlock, err := s.lockRecords()
 	if err != nil {
 		return err
 	}

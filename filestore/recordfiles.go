@@ -54,9 +54,7 @@ func (s *Store) writeRecord(l *leasecore.Lease, hash string) error {
 		return nil
 	}
 	if !s.loading {
-		s.recMu.Lock()
-		defer s.recMu.Unlock()
-		unlock, err := s.flock(unix.LOCK_EX)
+		unlock, err := s.lockRecords()
 		if err != nil {
 			return err
 		}
@@ -272,9 +270,7 @@ func (s *Store) removeRecords(ids []string) error {
 			return err
 		}
 	}
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	unlock, err := s.flock(unix.LOCK_EX)
+	unlock, err := s.lockRecords()
 	if err != nil {
 		return err
 	}

@@ -115,9 +115,7 @@ func (s *Store) flushLagging() error {
 	if len(s.lagging) == 0 {
 		return nil
 	}
-	s.recMu.Lock()
-	defer s.recMu.Unlock()
-	unlock, err := s.flock(unix.LOCK_EX)
+	unlock, err := s.lockRecords()
 	if err != nil {
 		return err
 	}
