@@ -248,12 +248,12 @@ func (s *Store) startEngine(wrap func(engine.Persister) engine.Persister) {
 func (s *Store) openFiles() error {
 	if s.opts.ReadOnly {
 		if _, err := os.Stat(s.dir); err != nil {
-			return fmt.Errorf("leasecore: open store: %w", err)
+			return fmt.Errorf("filestore: open store: %w", err)
 		}
 	} else {
 		for _, d := range []string{s.state, s.dir} {
 			if err := os.MkdirAll(d, 0o700); err != nil {
-				return fmt.Errorf("leasecore: create state directory: %w", err)
+				return fmt.Errorf("filestore: create state directory: %w", err)
 			}
 		}
 	}
@@ -268,22 +268,22 @@ func (s *Store) openFiles() error {
 	// (flock(2) blocks or not by LOCK_NB alone); it is refused below.
 	s.lockFile, err = os.OpenFile(filepath.Join(s.dir, storeLockName), flags|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
 	if err != nil && !(s.opts.ReadOnly && errors.Is(err, fs.ErrNotExist)) {
-		return fmt.Errorf("leasecore: open store lock: %w", err)
+		return fmt.Errorf("filestore: open store lock: %w", err)
 	}
 	if s.lockFile != nil {
 		if st, err := s.lockFile.Stat(); err != nil || !st.Mode().IsRegular() {
 			s.lockFile.Close()
 			s.lockFile = nil
-			return fmt.Errorf("leasecore: open store lock: %s is not a regular file", filepath.Join(s.dir, storeLockName))
+			return fmt.Errorf("filestore: open store lock: %s is not a regular file", filepath.Join(s.dir, storeLockName))
 		}
 	}
 	// A read-only store without a lock file reads a directory that no
 	// writer has used: there is nothing to serialise against.
 	if s.dirFile, err = os.Open(s.dir); err != nil {
-		return fmt.Errorf("leasecore: open store: %w", err)
+		return fmt.Errorf("filestore: open store: %w", err)
 	}
 	if s.stFile, err = os.Open(s.state); err != nil {
-		return fmt.Errorf("leasecore: open store: %w", err)
+		return fmt.Errorf("filestore: open store: %w", err)
 	}
 	return nil
 }
@@ -375,7 +375,7 @@ func (s *Store) flock(how int) (func(), error) {
 			break
 		}
 		if !errors.Is(err, unix.EINTR) {
-			return nil, fmt.Errorf("leasecore: lock store: %w", err)
+			return nil, fmt.Errorf("filestore: lock store: %w", err)
 		}
 	}
 	return func() { _ = unix.Flock(int(s.lockFile.Fd()), unix.LOCK_UN) }, nil

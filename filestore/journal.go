@@ -140,18 +140,18 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 		if !create && errors.Is(err, os.ErrNotExist) {
 			return nil, nil, false, nil
 		}
-		return nil, nil, false, fmt.Errorf("leasecore: open journal: %w", err)
+		return nil, nil, false, fmt.Errorf("filestore: open journal: %w", err)
 	}
 	j = &journal{f: f}
 	j.cond = sync.NewCond(&j.mu)
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, nil, false, fmt.Errorf("leasecore: open journal: %w", err)
+		return nil, nil, false, fmt.Errorf("filestore: open journal: %w", err)
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, nil, false, fmt.Errorf("leasecore: open journal: %s is not a regular file", path)
+		return nil, nil, false, fmt.Errorf("filestore: open journal: %s is not a regular file", path)
 	}
 	j.size = st.Size()
 	// A journal never holds much more than checkpointBytes of valid
@@ -160,7 +160,7 @@ func openJournal(path string, create bool) (j *journal, entries []journalEntry, 
 	data, err := io.ReadAll(io.LimitReader(f, maxJournalRead))
 	if err != nil {
 		f.Close()
-		return nil, nil, false, fmt.Errorf("leasecore: read journal: %w", err)
+		return nil, nil, false, fmt.Errorf("filestore: read journal: %w", err)
 	}
 	epoch, ok := parseJournalHeader(data)
 	if !ok {

@@ -43,7 +43,7 @@ const freeAfterLoad = 10000
 func (s *Store) loadRecords(names []string, cache *recordCache) error {
 	dirFD, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("leasecore: list records: %w", err)
+		return fmt.Errorf("filestore: list records: %w", err)
 	}
 	defer unix.Close(dirFD)
 	now, mono := s.opts.Clock.Now(), s.opts.Clock.Mono()
@@ -311,13 +311,13 @@ func (s *Store) load() error {
 
 	names, err := readNames(int(s.dirFile.Fd()))
 	if err != nil {
-		return fmt.Errorf("leasecore: list records: %w", err)
+		return fmt.Errorf("filestore: list records: %w", err)
 	}
 	if !s.opts.ReadOnly {
 		names = s.splitSpares(names)
 	}
 	if _, err := s.dirFile.Seek(0, 0); err != nil {
-		return fmt.Errorf("leasecore: list records: %w", err)
+		return fmt.Errorf("filestore: list records: %w", err)
 	}
 	// After the listing: a cache far larger than the records it could
 	// hold is refused before it is mapped.

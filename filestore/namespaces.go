@@ -75,7 +75,7 @@ func (s *Store) loadNamespaces() error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("leasecore: read namespaces: %w", err)
+		return fmt.Errorf("filestore: read namespaces: %w", err)
 	}
 	var nf namespaceFile
 	if _, err := toml.Decode(string(data), &nf); err != nil {
@@ -112,7 +112,7 @@ func (s *Store) saveNamespaces(nss map[string]leasecore.Namespace) error {
 	slices.SortFunc(nf.Namespace, func(a, b namespaceRecord) int { return strings.Compare(a.Path, b.Path) })
 	var buf bytes.Buffer
 	if err := toml.NewEncoder(&buf).Encode(nf); err != nil {
-		return fmt.Errorf("leasecore: encode namespaces: %w", err)
+		return fmt.Errorf("filestore: encode namespaces: %w", err)
 	}
 	unlock, err := s.lockRecords()
 	if err != nil {

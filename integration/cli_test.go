@@ -59,7 +59,7 @@ func TestUnprivilegedMountExplained(t *testing.T) {
 	if !strings.Contains(line, want) {
 		t.Errorf("unprivileged mount's message %q, want it to contain %q; stderr:\n%s", line, want, r.stderr)
 	}
-	for _, bad := range []string{"fusermount exited", "mount:", "leasecore:"} {
+	for _, bad := range []string{"fusermount exited", "mount:", "leasecore:", "filestore:", "engine:"} {
 		if strings.Contains(line, bad) {
 			t.Errorf("unprivileged mount's message %q contains %q", line, bad)
 		}
@@ -91,7 +91,7 @@ func TestLsPermissionDenied(t *testing.T) {
 			append(args, "--state", d.state)...)
 		r := runClient(t, nil, argv...)
 		want := "leasefs: cannot read the lease store in " + d.state + ": permission denied"
-		if r.code != 1 || !strings.HasPrefix(r.stderr, want) || strings.Contains(r.stderr, "leasecore:") {
+		if r.code != 1 || !strings.HasPrefix(r.stderr, want) || strings.Contains(r.stderr, "filestore:") || strings.Contains(r.stderr, "leasecore:") {
 			t.Errorf("leasefs %s as nobody: %s\nwant exit 1 and a message starting %q", args, r, want)
 		}
 	}

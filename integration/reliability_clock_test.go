@@ -16,7 +16,7 @@ import (
 // CLOCK_REALTIME; Go reads the clock through the vDSO, so an LD_PRELOAD fake clock does not
 // reach it; and `date -s` would step the whole machine's clock under every other process.
 // The steps are therefore checked in-process, by the leasecore unit test
-// TestWallClockStepsNeitherExpireNorExtend (leasecore/store_restart_test.go), which injects
+// TestWallClockStepsNeitherExpireNorExtend (filestore/store_restart_test.go), which injects
 // a FakeClock, steps only its wall time by +1 h, −1 h, +24 h and −10 min between a
 // reservation and its expiry, and checks that the lease stays live until exactly one lease
 // duration of monotonic time has passed and is dead then. This test runs it and records how
@@ -30,11 +30,11 @@ func TestReliabilityClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	const unit = "TestWallClockStepsNeitherExpireNorExtend"
-	cmd := exec.Command("go", "test", "-count=1", "-run", "^"+unit+"$", "-v", "./leasecore/")
+	cmd := exec.Command("go", "test", "-count=1", "-run", "^"+unit+"$", "-v", "./filestore/")
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("go test -run %s ./leasecore/: %v\n%s", unit, err, out)
+		t.Fatalf("go test -run %s ./filestore/: %v\n%s", unit, err, out)
 	}
 	passed := regexp.MustCompile(`(?m)^\s*--- PASS: `+unit+`/(\S+)`).FindAllStringSubmatch(string(out), -1)
 	var steps []string
