@@ -135,7 +135,7 @@ func TestEtcdLeaderKilledKeepsHandleLeases(t *testing.T) {
 		m := mounts[i%2]
 		cyclers = append(cyclers, startPy(t, pyLockCycler, "M="+m.mountpoint, "NAMES=n1 n2 n3", "LOG="+log, "STOP="+stop))
 	}
-	time.Sleep(2 * time.Second) // load before the first election
+	waitGrants(t, log, time.Time{}, 20) // load before the first election
 	for round := range 5 {
 		leader := -1
 		for deadline := time.Now().Add(10 * time.Second); leader < 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -152,11 +152,23 @@ func TestEtcdLeaderKilledKeepsHandleLeases(t *testing.T) {
 		proxies[leader].Cut()
 		members[leader].Kill()
 		t.Logf("round %d: killed the leader m%d", round, leader)
-		time.Sleep(4 * time.Second) // the election, and load under the new leader
+		// The election, and load under the new leader.
+		waitGrants(t, log, killed, 20)
 		members[leader].Restart(t)
 		proxies[leader].Resume(t)
 		t.Logf("round %d: m%d back %v after its kill", round, leader, time.Since(killed).Round(time.Millisecond))
-		time.Sleep(time.Second)
+		// The restarted member catches up before the next kill, which
+		// would otherwise leave the cluster without a quorum.
+		var target uint64
+		for i, m := range members {
+			if i != leader {
+				target = max(target, m.CommittedIndex())
+			}
+		}
+		eventually(t, 30*time.Second, fmt.Sprintf("m%d caught up to index %d", leader, target), func() (bool, string) {
+			got := members[leader].CommittedIndex()
+			return got >= target, fmt.Sprintf("at %d", got)
+		})
 	}
 	// The contenders stop first: the holders let go once they stop.
 	if err := os.WriteFile(stopTries, nil, 0o644); err != nil {
