@@ -252,6 +252,9 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 		return nil, nil, nil
 	}
 	s.learnLive(r, resp.Header.Revision)
+	if r = s.fresher(r, resp.Header.Revision); r == nil {
+		return nil, nil, nil // ended after the read
+	}
 	if l := s.snapshot(r, waiters); l.Live() {
 		return nil, &l, nil
 	}
@@ -344,6 +347,9 @@ func (s *Store) listLive(ctx context.Context, prefix string, extra []clientv3.Op
 		r, err := s.decode(kv, true)
 		if err != nil {
 			continue
+		}
+		if r = s.fresher(r, resp.Header.Revision); r == nil {
+			continue // ended after the read
 		}
 		if l := s.snapshot(r, waiters[r.l.Resource]); l.Live() && keep(l) {
 			out = append(out, l)

@@ -133,6 +133,23 @@ func (s *Store) learnLive(r *rec, at int64) {
 	s.setLive(r)
 }
 
+// fresher returns what a read should show for r, which a call answered
+// at revision at: r itself while the watch has shown nothing after at;
+// else the view's record of the same lease, or nil when the view no longer
+// holds it (it ended after the read, as the watch has shown). A record the
+// view has let go must not be judged again: its heartbeat would count as
+// first seen now (docs/PROTOCOL.md §5 rule 1, on this store's clock), and
+// an expired lease would show live. The caller holds mu.
+func (s *Store) fresher(r *rec, at int64) *rec {
+	if s.watched <= at {
+		return r
+	}
+	if cur := s.live[r.l.Resource]; cur != nil && cur.l.ID == r.l.ID {
+		return cur
+	}
+	return nil
+}
+
 // setLive records r as the live lease of its resource, unless this store
 // already knows a later version of that key (by mod revision), and
 // remembers it. Its own transactions, its reads and its watch all feed it,
