@@ -61,9 +61,10 @@ func TestAnswerOvertakenByTheWatch(t *testing.T) {
 	h.armed.Store(true)
 	read := make(chan error, 1)
 	go func() {
+		// Answered after the watch showed the end: the name is free.
 		_, l, err := s.ReadName(ctx, "x")
-		if err == nil && (l == nil || l.ID != a.Lease.ID) {
-			t.Errorf("ReadName answered %+v, want lease %s as it was when read", l, a.Lease.ID)
+		if err == nil && l != nil {
+			t.Errorf("ReadName answered %+v, whose end the watch had shown before the answer was processed; want the name free", l)
 		}
 		read <- err
 	}()
