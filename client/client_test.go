@@ -62,6 +62,36 @@ func TestHeldErrorNamesTheHolder(t *testing.T) {
 	}
 }
 
+// TestConflictLeavesTheHoldersToken: a name reserved by `: > name` whose
+// token its holder has not read yet (same uid), met by TryLock, Reserve
+// and Stat: each names the holder, and the holder's first read still
+// gets its token (docs/PROTOCOL.md §3, "Choices"), since the client reads
+// another's lease through its extended attributes.
+func TestConflictLeavesTheHoldersToken(t *testing.T) {
+	path := filepath.Join(mnt, "reserved-unread")
+	fd, err := syscall.Open(path, syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(fd)
+	t.Cleanup(func() { _ = os.Remove(path) })
+	if _, err := client.TryLock(mnt, "reserved-unread"); !errors.Is(err, client.ErrHeld) {
+		t.Fatalf("TryLock of a reserved name: %v, want ErrHeld", err)
+	}
+	var held *client.HeldError
+	if _, err := client.Reserve(mnt, "reserved-unread"); !errors.As(err, &held) || held.UID != os.Getuid() || held.Since.IsZero() {
+		t.Fatalf("Reserve of a reserved name: %v (%+v), want a HeldError naming uid %d", err, held, os.Getuid())
+	}
+	st, err := client.Stat(mnt, "reserved-unread")
+	if err != nil || st.Mode != "token" || st.State != "active" || st.HolderUID != os.Getuid() {
+		t.Fatalf("Stat of a reserved name: %+v, %v", st, err)
+	}
+	tok, err := os.ReadFile(path)
+	if err != nil || !strings.HasPrefix(string(tok), "hwl_") {
+		t.Fatalf("the holder's first read after the conflicts: %q, %v; want its token", tok, err)
+	}
+}
+
 func TestErrorsOfBadPlaces(t *testing.T) {
 	_, err := client.Reserve(mnt, "ci/deploy")
 	var ns *client.NamespaceError

@@ -87,7 +87,7 @@ func lock(ctx context.Context, mount, name string, wait bool, opts []Option) (*H
 // of the held lease.
 func heldErrorFd(fd int, resource string, errno error) error {
 	e := &HeldError{Resource: resource, Err: errno}
-	if st, err := readStatus(fd); err == nil {
+	if st, err := readStatusAttrs(fd); err == nil {
 		e.UID, e.PID, e.Host, e.Since = st.HolderUID, st.HolderPID, st.Host, st.StartedAt
 	}
 	return e

@@ -58,7 +58,7 @@ var errNoStatus = errors.New("no status document")
 // times RFC 3339 in UTC. Lines of another shape are skipped. Errors:
 // errNoStatus without a lease_id; a malformed generation.
 func parseStatus(doc []byte) (*Status, error) {
-	st := &Status{Fields: make(map[string]string)}
+	fields := make(map[string]string)
 	for line := range bytes.SplitSeq(doc, []byte("\n")) {
 		k, v, ok := strings.Cut(string(line), " = ")
 		if !ok {
@@ -67,9 +67,15 @@ func parseStatus(doc []byte) (*Status, error) {
 		if u, err := strconv.Unquote(v); err == nil {
 			v = u
 		}
-		st.Fields[k] = v
+		fields[k] = v
 	}
-	f := st.Fields
+	return statusOfFields(fields)
+}
+
+// statusOfFields returns the Status of a status document's fields, strings
+// unquoted. Errors: errNoStatus without a lease_id; a malformed generation.
+func statusOfFields(f map[string]string) (*Status, error) {
+	st := &Status{Fields: f}
 	if f["lease_id"] == "" {
 		return nil, errNoStatus
 	}
@@ -109,15 +115,62 @@ func readStatus(fd int) (*Status, error) {
 	return parseStatus(buf[:n])
 }
 
+// xattrPrefix names the status document's fields as extended attributes
+// (docs/PROTOCOL.md §3: user.lease.<key>, never the token).
+const xattrPrefix = "user.lease."
+
+// readStatusAttrs reads the status document of the lease behind fd from
+// its extended attributes, which never hold the token. A read at offset 0
+// by the holder's uid or root takes an unread token (docs/PROTOCOL.md §3,
+// "Choices"): this is how the client reads a lease that may be another's,
+// so that the holder still gets its token. Errors: the errno of
+// flistxattr or fgetxattr (ESTALE once the lease ended, ENOTCONN once its
+// daemon is gone), errNoStatus.
+func readStatusAttrs(fd int) (*Status, error) {
+	buf := make([]byte, statusBuf)
+	n, err := retryEINTR(func() (int, error) { return unix.Flistxattr(fd, buf) })
+	if err != nil {
+		return nil, err
+	}
+	fields := make(map[string]string)
+	for name := range strings.SplitSeq(string(buf[:n]), "\x00") {
+		key, ok := strings.CutPrefix(name, xattrPrefix)
+		if !ok {
+			continue
+		}
+		m, err := retryEINTR(func() (int, error) { return unix.Fgetxattr(fd, name, buf) })
+		if errors.Is(err, unix.ENODATA) {
+			continue // the field left the document meanwhile (waiters = 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+		fields[key] = string(buf[:m])
+	}
+	return statusOfFields(fields)
+}
+
+// retryEINTR calls fn until it does not fail with EINTR (a signal to this
+// process, Go's own SIGURG included, interrupts a FUSE call).
+func retryEINTR(fn func() (int, error)) (int, error) {
+	for {
+		n, err := fn()
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
+
 // statusOf reads the status document of path through a new read-only
-// open; nil when the name has no live lease or cannot be read.
+// open, from its extended attributes ([readStatusAttrs]: never another
+// holder's token); nil when the name has no live lease or cannot be read.
 func statusOf(path string) *Status {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
 	defer unix.Close(fd)
-	st, err := readStatus(fd)
+	st, err := readStatusAttrs(fd)
 	if err != nil {
 		return nil
 	}
@@ -159,9 +212,11 @@ func isDir(path string) bool {
 }
 
 // Stat reads the status document of name under mount through a new
-// read-only open, as `cat` does (docs/PROTOCOL.md §4.1): never the token.
-// Errors: the errno of the open or read in an *os.PathError (ENOENT when
-// the name has no live lease); ErrNotMounted.
+// read-only open, from its extended attributes (docs/PROTOCOL.md §3,
+// user.lease.<key>): never the token, so that a holder that has not read
+// its token yet still gets it. Errors: the errno of the open, flistxattr
+// or fgetxattr in an *os.PathError (ENOENT when the name has no live
+// lease); ErrNotMounted.
 func Stat(mount, name string) (*Status, error) {
 	path, err := leasePath(mount, name)
 	if err != nil {
@@ -172,9 +227,9 @@ func Stat(mount, name string) (*Status, error) {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	st, err := readStatus(fd)
+	st, err := readStatusAttrs(fd)
 	if err != nil {
-		return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		return nil, &os.PathError{Op: "getxattr", Path: path, Err: err}
 	}
 	return st, nil
 }
