@@ -25,14 +25,17 @@ type daemonStatus struct {
 	StoreURL string `json:"store_url,omitempty"` // the etcd:// store, as the daemon was given it
 	// Cluster is "reachable" or "unreachable" for an etcd store, as seen
 	// by this command (not by the daemon); ClusterError says why not.
-	Cluster      string         `json:"cluster,omitempty"`
-	ClusterError string         `json:"cluster_error,omitempty"`
-	PID          int            `json:"pid,omitempty"`
-	Host         string         `json:"host,omitempty"`
-	Mountpoint   string         `json:"mountpoint,omitempty"`
-	Since        *time.Time     `json:"since,omitempty"`
-	Leases       map[string]int `json:"leases"` // live leases by mode
-	Waiters      int            `json:"waiters"`
+	Cluster      string     `json:"cluster,omitempty"`
+	ClusterError string     `json:"cluster_error,omitempty"`
+	PID          int        `json:"pid,omitempty"`
+	Host         string     `json:"host,omitempty"`
+	Mountpoint   string     `json:"mountpoint,omitempty"`
+	Since        *time.Time `json:"since,omitempty"`
+	// Leases counts the live leases by mode and Waiters the blocked flock
+	// waiters; both are absent when the etcd cluster did not answer
+	// (unknown, not zero).
+	Leases  map[string]int `json:"leases,omitempty"`
+	Waiters *int           `json:"waiters,omitempty"`
 	// PreviousHandles counts the handle leases held through a previous
 	// daemon's mount whose open file a process still holds
 	// (docs/PROTOCOL.md §2, "Handle leases across restarts").
@@ -157,6 +160,7 @@ func readDaemonStatus(cmd *cobra.Command, state string, sf *storeFlags) (daemonS
 				return st, err
 			}
 			st.Cluster, st.ClusterError = "unreachable", err.Error()
+			st.Leases = nil // unknown
 			return st, nil
 		}
 		st.Cluster = "reachable"
@@ -170,9 +174,11 @@ func readDaemonStatus(cmd *cobra.Command, state string, sf *storeFlags) (daemonS
 			return st, err
 		}
 	}
+	waiters := 0
+	st.Waiters = &waiters
 	for _, l := range leases {
 		st.Leases[string(l.Mode)]++
-		st.Waiters += l.Waiters
+		waiters += l.Waiters
 		if l.Daemon == leasecore.DaemonPrevious {
 			st.PreviousHandles++
 		}
@@ -211,7 +217,9 @@ func printStatus(w io.Writer, st daemonStatus) {
 		fmt.Fprintf(w, "store:       %s %s\n", st.Store, st.State)
 	}
 	fmt.Fprintf(w, "leases:      %d token, %d handle\n", st.Leases[string(leasecore.ModeToken)], st.Leases[string(leasecore.ModeHandle)])
-	fmt.Fprintf(w, "waiters:     %d\n", st.Waiters)
+	if st.Waiters != nil {
+		fmt.Fprintf(w, "waiters:     %d\n", *st.Waiters)
+	}
 	if st.PreviousHandles > 0 {
 		fmt.Fprintf(w, "previous daemon: %d handle leases still held through its mount\n", st.PreviousHandles)
 	}

@@ -56,4 +56,7 @@ func TestStatusExitCodes(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != exitUnreachable || !st.Served || st.Cluster != "unreachable" {
 		t.Errorf("leasefs status --json of an unreachable cluster: %v, %+v; want exit %d, served, cluster unreachable", err, r, exitUnreachable)
 	}
+	if strings.Contains(r.stdout, `"leases"`) || strings.Contains(r.stdout, `"waiters"`) {
+		t.Errorf("leasefs status --json of an unreachable cluster counts leases or waiters it could not read:\n%s", r.stdout)
+	}
 }
