@@ -279,6 +279,30 @@ func TestMountOnAnotherStatesMount(t *testing.T) {
 	mustSh(t, `set -C; : > "$P"`, "P="+filepath.Join(d.mountpoint, "still-served"))
 }
 
+// TestMountInsideAMount mounts a new state directory on a namespace of a live mount: refused
+// with exit 1 and a message naming both, before the new state directory is created
+// (docs/PROTOCOL.md §2, "Refused set-ups"); the namespace can be removed afterwards.
+func TestMountInsideAMount(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{})
+	ns := filepath.Join(d.mountpoint, "ci")
+	if err := os.Mkdir(ns, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(t.TempDir(), "other")
+	r := runClient(t, nil, withStore([]string{leasefsBin, "mount", "--state", state, ns})...)
+	want := "leasefs: the mountpoint must not be inside a leasefs mount: " + ns + " is inside the leasefs mount " + d.mountpoint
+	if r.code != 1 || !strings.Contains(r.stderr, want) {
+		t.Errorf("mount on a namespace of a live mount: %s\nwant exit 1 and %q", r, want)
+	}
+	if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused mount created its state directory %s: stat = %v", state, err)
+	}
+	if err := os.Remove(ns); err != nil {
+		t.Errorf("rmdir of the namespace after the refusal: %v", err)
+	}
+}
+
 // TestInotify watches the mount root with inotifywait and checks that a reserve, a renew and a
 // release through the mount raise CREATE, MODIFY and DELETE.
 func TestInotify(t *testing.T) {

@@ -157,6 +157,12 @@ func DefaultStateDir() string {
 // daemon would serve its own store through itself and deadlock.
 var ErrInsideState = errors.New("mount: mountpoint and state directory must not be inside each other")
 
+// ErrInsideMount is returned by [Run] when the mountpoint lies inside
+// another leasefs mount (a namespace of it): the new mount would stack on
+// the other's directory, which could then be neither removed nor served
+// (docs/PROTOCOL.md §2, "Refused set-ups").
+var ErrInsideMount = errors.New("mount: the mountpoint must not be inside a leasefs mount")
+
 // ErrMounted is returned by [Run] when the mountpoint already carries a
 // live leasefs mount: mounting on top would hide it.
 var ErrMounted = errors.New("mount: mountpoint already has a leasefs mount")
@@ -172,7 +178,7 @@ var ErrTakeoverTimeout = errors.New("mount: takeover timed out")
 // or not a directory (checked before anything is created); a
 // *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
-// [ErrInsideState]; [ErrMounted]; a *[FusermountError] when an unprivileged
+// [ErrInsideState]; [ErrInsideMount]; [ErrMounted]; a *[FusermountError] when an unprivileged
 // mount fails; the error of [Options.OpenStore], wrapped; the listen error
 // of [Options.MetricsAddr], wrapped, before anything is mounted. Run logs
 // "mounted" and calls [Options.OnReady] once the mount is serving, and calls

@@ -85,8 +85,15 @@ func checkPaths(mountpoint, stateDir string) (mp, state string, err error) {
 	if nested(state, mp) {
 		return "", "", fmt.Errorf("%w: %s and %s", ErrInsideState, mp, state)
 	}
-	if m, ok := procfs.ContainingMount(procfs.Mounts(), state); ok && m.FSType == fsType {
+	mounts := procfs.Mounts()
+	if m, ok := procfs.ContainingMount(mounts, state); ok && m.FSType == fsType {
 		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideState, state, m.Point)
+	}
+	// A leasefs mount on mp itself is a stale or live mount of its own,
+	// handled later; one on an ancestor would have the new mount stack on
+	// its namespace.
+	if m, ok := procfs.ContainingMount(mounts, mp); ok && m.FSType == fsType && m.Point != mp {
+		return "", "", fmt.Errorf("%w: %s is inside the leasefs mount %s", ErrInsideMount, mp, m.Point)
 	}
 	if err := checkMountpoint(mp); err != nil {
 		return "", "", err
