@@ -6,6 +6,7 @@
 package mount
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,9 +63,9 @@ type Options struct {
 	// install (see [StoreHooks]), after it has taken the daemon lock of
 	// StateDir and checked the mountpoint, and before it mounts; an error
 	// makes Run return it, wrapped, without mounting. Run closes the store
-	// before it releases the daemon lock, whether it mounted or not. When
-	// nil, Run opens the embedded file store in StateDir (docs/PROTOCOL.md
-	// §4.3, §8a) with LeaseDuration, HistoryKeep and MaxLeasesPerUID.
+	// before it releases the daemon lock, whether it mounted or not.
+	// Required: [FileStoreOpener] opens the embedded file store; the
+	// command picks the store in one place (internal/cli/storeflag.go).
 	OpenStore func(ctx context.Context, log *slog.Logger, hooks StoreHooks) (leasecore.Store, error)
 	// StoreName names the store OpenStore opens (e.g. "etcd://HOST:PORT/PREFIX",
 	// without credentials); it is recorded with the daemon lock for
@@ -157,6 +158,10 @@ func DefaultStateDir() string {
 // daemon would serve its own store through itself and deadlock.
 var ErrInsideState = errors.New("mount: mountpoint and state directory must not be inside each other")
 
+// ErrNoStore is returned by [Run] when Options.OpenStore is nil: the
+// caller picks the store ([FileStoreOpener] for the file store).
+var ErrNoStore = errors.New("mount: no store to serve: Options.OpenStore is nil")
+
 // ErrInsideMount is returned by [Run] when the mountpoint lies inside
 // another leasefs mount (a namespace of it): the new mount would stack on
 // the other's directory, which could then be neither removed nor served
@@ -178,7 +183,7 @@ var ErrTakeoverTimeout = errors.New("mount: takeover timed out")
 // or not a directory (checked before anything is created); a
 // *[daemonlock.HeldError] when another daemon serves the state directory
 // (naming it), with [ErrTakeoverTimeout] when it did not hand over;
-// [ErrInsideState]; [ErrInsideMount]; [ErrMounted]; a *[FusermountError] when an unprivileged
+// [ErrNoStore]; [ErrInsideState]; [ErrInsideMount]; [ErrMounted]; a *[FusermountError] when an unprivileged
 // mount fails; the error of [Options.OpenStore], wrapped; the listen error
 // of [Options.MetricsAddr], wrapped, before anything is mounted. Run logs
 // "mounted" and calls [Options.OnReady] once the mount is serving, and calls
@@ -193,6 +198,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	if opts.LeaseDuration <= 0 {
 		opts.LeaseDuration = leasecore.DefaultLeaseDuration
+	}
+	if opts.OpenStore == nil {
+		return ErrNoStore
 	}
 	mp, state, err := checkPaths(opts.Mountpoint, opts.StateDir)
 	if err != nil {
@@ -212,9 +220,7 @@ func Run(ctx context.Context, opts Options) error {
 	lockPath := filepath.Join(state, DaemonLockName)
 	me := daemonlock.CurrentHolder("leasefs mount " + mp)
 	me.Mountpoint = mp
-	if opts.OpenStore != nil {
-		me.Store = opts.StoreName
-	}
+	me.Store = opts.StoreName
 	lock, err := acquireDaemonLock(ctx, lockPath, mp, me, opts, log)
 	if err != nil {
 		return err
@@ -248,8 +254,8 @@ func Run(ctx context.Context, opts Options) error {
 		defer mtr.shutdown()
 	}
 	openStore, where := opts.OpenStore, ""
-	if openStore == nil {
-		openStore, where = fileStoreOpener(state, opts), " in "+state
+	if opts.StoreName == "" {
+		where = " in " + state
 	}
 	// Before the store opens: which handle leases of previous daemons
 	// still have their open file (docs/PROTOCOL.md §2).
@@ -410,10 +416,16 @@ func warnHandleLeases(store leasecore.Store, log *slog.Logger) {
 	}
 }
 
-// fileStoreOpener is the default [Options.OpenStore]: the embedded file
-// store in the state directory state, with hooks installed.
-func fileStoreOpener(state string, opts Options) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
+// FileStoreOpener returns the [Options.OpenStore] of the embedded file
+// store (package filestore, docs/PROTOCOL.md §4.3) in opts.StateDir, with
+// opts' LeaseDuration, HistoryKeep and MaxLeasesPerUID and the hooks Run
+// passes. Errors of the opener: [filestore.Open]'s.
+func FileStoreOpener(opts Options) func(context.Context, *slog.Logger, StoreHooks) (leasecore.Store, error) {
 	return func(_ context.Context, log *slog.Logger, hooks StoreHooks) (leasecore.Store, error) {
+		state, err := filepath.Abs(cmp.Or(opts.StateDir, DefaultStateDir()))
+		if err != nil {
+			return nil, err
+		}
 		s, err := filestore.Open(state, filestore.Options{Options: leasecore.Options{
 			LeaseDuration:   opts.LeaseDuration,
 			HistoryKeep:     opts.HistoryKeep,

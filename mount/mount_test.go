@@ -52,11 +52,11 @@ func TestRunRefusesNestedMountpoint(t *testing.T) {
 	if err := os.Mkdir(mp, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	err := Run(context.Background(), Options{Mountpoint: mp, StateDir: state})
+	err := Run(context.Background(), withFileStore(Options{Mountpoint: mp, StateDir: state}))
 	if !errors.Is(err, ErrInsideState) {
 		t.Fatalf("Run with the mountpoint inside the state directory = %v, want ErrInsideState", err)
 	}
-	err = Run(context.Background(), Options{Mountpoint: state, StateDir: filepath.Join(state, "inner")})
+	err = Run(context.Background(), withFileStore(Options{Mountpoint: state, StateDir: filepath.Join(state, "inner")}))
 	if !errors.Is(err, ErrInsideState) {
 		t.Fatalf("Run with the state directory inside the mountpoint = %v, want ErrInsideState", err)
 	}
@@ -69,9 +69,21 @@ func TestRunRefusesHeldStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Release()
-	err = Run(context.Background(), Options{Mountpoint: t.TempDir(), StateDir: state})
+	err = Run(context.Background(), withFileStore(Options{Mountpoint: t.TempDir(), StateDir: state}))
 	var held *daemonlock.HeldError
 	if !errors.As(err, &held) || held.Holder.Client != "other daemon" {
 		t.Fatalf("Run on a held state directory = %v, want a HeldError naming the holder", err)
+	}
+}
+
+// withFileStore returns opts serving the file store of opts.StateDir.
+func withFileStore(opts Options) Options {
+	opts.OpenStore = FileStoreOpener(opts)
+	return opts
+}
+
+func TestRunNeedsAStore(t *testing.T) {
+	if err := Run(context.Background(), Options{Mountpoint: t.TempDir(), StateDir: t.TempDir()}); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Run without OpenStore = %v, want ErrNoStore", err)
 	}
 }

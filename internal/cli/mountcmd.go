@@ -91,11 +91,8 @@ through fusermount3.`,
 			case !graceSet:
 				grace = opts.LeaseDuration
 			}
-			if spec != nil {
-				if opts.OpenStore, err = etcdOpener(spec, &sf, &opts, grace); err != nil {
-					return err
-				}
-				opts.StoreName = sf.store
+			if opts.OpenStore, err = storeOpener(spec, &sf, &opts, grace); err != nil {
+				return err
 			}
 			opts.Mountpoint = a[0]
 			logger, err := newLogger(stderr, logFormat, level)

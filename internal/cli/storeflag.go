@@ -127,6 +127,19 @@ func (sf *storeFlags) options() (etcdstore.Options, error) {
 	return o, nil
 }
 
+// storeOpener is the one place that picks the store a mount serves: the
+// etcd store that spec names (--store etcd://…, see [etcdOpener]), or,
+// when spec is nil, the embedded file store in opts.StateDir
+// ([mount.FileStoreOpener]). It sets opts.StoreName for the daemon lock.
+func storeOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.Duration) (func(context.Context, *slog.Logger, mount.StoreHooks) (leasecore.Store, error), error) {
+	if spec == nil {
+		opts.StoreName = ""
+		return mount.FileStoreOpener(*opts), nil
+	}
+	opts.StoreName = sf.store
+	return etcdOpener(spec, sf, opts, grace)
+}
+
 // etcdOpener returns the [mount.Options.OpenStore] of an etcd store for
 // the daemon serving state: its daemon identity is the host and the
 // absolute state directory, so that a restarted daemon ends only the
