@@ -364,7 +364,6 @@ func (s *Store) replayJournal(now time.Time, mono time.Duration) error {
 	})
 	for id := range r.removed {
 		s.seam.Remove(id)
-		delete(s.stamps, id)
 		if !s.opts.ReadOnly {
 			if err := removeFile(filepath.Join(s.dir, id+".toml")); err != nil {
 				return err
@@ -378,13 +377,12 @@ func (s *Store) replayJournal(now time.Time, mono time.Duration) error {
 			continue // reported by replay
 		}
 		s.seam.Add(now, mono, &engine.Record{Lease: l, Hash: hash})
-		delete(s.stamps, id)
 		if !s.opts.ReadOnly {
 			stamp, err := s.putRecord(id, data, false)
 			if err != nil {
 				return err
 			}
-			s.stamps[id] = stamp
+			s.seam.SetStamp(id, stamp.pack())
 		}
 	}
 	s.seam.RaiseGeneration(r.generation)

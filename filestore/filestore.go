@@ -43,12 +43,8 @@ const (
 type Store struct {
 	*engine.Engine
 	// seam is the engine's lock and loading hooks (engine.Seam).
-	seam engine.Seam
-	opts Options
-	// stamps holds the stamp of each record file as last written or read,
-	// by lease id; the record cache holds a lease only while it encodes to
-	// that content (recordcache.go). Guarded by the engine's lock.
-	stamps          map[string]recordStamp
+	seam            engine.Seam
+	opts            Options
 	state           string // the state directory
 	dir             string // state/writer-leases
 	lockFile        *os.File
@@ -170,7 +166,7 @@ func open(state string, opts Options, wrap func(engine.Persister) engine.Persist
 	recorded := opts.ReadOnly && opts.LeaseDuration <= 0
 	opts.Options = opts.Options.WithDefaults()
 	s := &Store{opts: opts, state: state, dir: filepath.Join(state, LeasesDir), dirty: make(map[string]struct{}), lagging: make(map[string]laggingRecord),
-		stamps: make(map[string]recordStamp), checkpointAt: checkpointBytes, minCached: minCachedRecords}
+		checkpointAt: checkpointBytes, minCached: minCachedRecords}
 	if syncfsReportsErrors() {
 		s.syncFS = unix.Syncfs
 	}

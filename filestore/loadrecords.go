@@ -100,8 +100,8 @@ func (s *Store) loadRecords(names []string, cache *recordCache) error {
 	recs := make([]*engine.Record, 0, total)
 	for _, es := range found {
 		for _, e := range es {
+			e.rec.Stamp = e.stamp.pack()
 			recs = append(recs, e.rec)
-			s.stamps[e.rec.Lease.ID] = e.stamp
 		}
 	}
 	s.seam.Add(now, mono, recs...)

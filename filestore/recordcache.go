@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"github.com/leasefs/leasefs/internal/engine"
 	"github.com/leasefs/leasefs/internal/sortpar"
 	"github.com/leasefs/leasefs/leasecore"
 
@@ -74,6 +75,23 @@ type recordStamp struct {
 	mtime, ctime int64  // nanoseconds since the epoch
 	size         uint32 // bytes; a record has at most leasecore.MaxRecordBytes
 	crc          uint32
+}
+
+// The stamp of each record file as last written or read is kept with the
+// engine's record ([engine.Record.Stamp], guarded by the engine's lock):
+// the record cache holds a lease only while it encodes to that content. A
+// new lease's record written at once (not behind) is written before the
+// engine indexes it, so its stamp is not kept: it is not cacheable until
+// its next write, which is only ever less caching, never a wrong one.
+
+// pack returns st as the engine keeps it.
+func (st recordStamp) pack() engine.Stamp {
+	return engine.Stamp{st.ino, uint64(st.mtime), uint64(st.ctime), uint64(st.size)<<32 | uint64(st.crc)}
+}
+
+// unpackStamp returns the recordStamp that pack made p of.
+func unpackStamp(p engine.Stamp) recordStamp {
+	return recordStamp{ino: p[0], mtime: int64(p[1]), ctime: int64(p[2]), size: uint32(p[3] >> 32), crc: uint32(p[3])}
 }
 
 // stampOf returns the stamp of a file with attributes st and content data.

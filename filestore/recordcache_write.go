@@ -106,7 +106,7 @@ func removeRecordCache(state string) error {
 // cacheable, nor is a lease the engine no longer holds. The caller holds
 // the engine's lock.
 func (s *Store) cacheable(id string) ([]byte, recordStamp, bool) {
-	st := s.stamps[id]
+	st := unpackStamp(s.seam.Stamp(id))
 	if st.ino == 0 {
 		return nil, st, false
 	}

@@ -1,6 +1,7 @@
 package filestore
 
 import (
+	"github.com/leasefs/leasefs/internal/engine"
 	"github.com/leasefs/leasefs/leasecore"
 
 	"errors"
@@ -50,7 +51,7 @@ func (s *Store) writeRecord(l *leasecore.Lease, hash string) error {
 			return err
 		}
 		// The file is written later; the flusher records its stamp.
-		delete(s.stamps, l.ID)
+		s.seam.SetStamp(l.ID, engine.Stamp{})
 		return nil
 	}
 	if !s.loading {
@@ -66,7 +67,7 @@ func (s *Store) writeRecord(l *leasecore.Lease, hash string) error {
 		return err
 	}
 	s.jnl().append(entryRecord, data)
-	s.stamps[l.ID] = stamp
+	s.seam.SetStamp(l.ID, stamp.pack())
 	return nil
 }
 
@@ -285,7 +286,7 @@ func (s *Store) removeRecords(ids []string) error {
 			}
 			return &leasecore.PersistError{Op: "remove", Path: filepath.Join(s.dir, id+".toml"), Err: err}
 		}
-		delete(s.stamps, id)
+		s.seam.SetStamp(id, engine.Stamp{})
 		s.dirty[id] = struct{}{}
 		s.cacheChanges++
 	}

@@ -126,9 +126,7 @@ func (s *Store) flushLagging() error {
 			return err
 		}
 		delete(s.lagging, id)
-		if s.seam.Has(id) {
-			s.stamps[id] = stamp
-		}
+		s.seam.SetStamp(id, stamp.pack())
 	}
 	return nil
 }
@@ -219,9 +217,7 @@ func (s *Store) retireBatch(b []batchRecord) bool {
 			// Written (or pruned) meanwhile by a rotation or a prune.
 		case cur.version == r.version:
 			delete(s.lagging, r.id)
-			if s.seam.Has(r.id) {
-				s.stamps[r.id] = r.stamp
-			}
+			s.seam.SetStamp(r.id, r.stamp.pack())
 		case cur.fresh:
 			// Changed again while being written: the file exists now.
 			cur.fresh = false

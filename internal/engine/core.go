@@ -61,9 +61,17 @@ type Persister interface {
 type Record struct {
 	Lease leasecore.Lease
 	Hash  string
+	// Stamp is the persister's own per-record state, kept here so that a
+	// persister of 100,000 records needs no second index: the file store's
+	// stamp of the record file as last written or read (zero: none).
+	Stamp Stamp
 	// hbMono is the heartbeat on the engine's monotonic clock.
 	hbMono time.Duration
 }
+
+// Stamp is 32 bytes that a [Persister] keeps with a record ([Record.Stamp],
+// [Seam.SetStamp]); the engine never reads them.
+type Stamp [4]uint64
 
 // Engine is the lease engine shared by the file store and [MemStore]: the
 // index of leases and namespaces, the liveness rules of docs/PROTOCOL.md

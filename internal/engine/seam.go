@@ -94,6 +94,27 @@ func (h Seam) Add(now time.Time, mono time.Duration, rs ...*Record) {
 	}
 }
 
+// Stamp returns the persister's stamp of the record of lease id, zero when
+// there is none or no such record.
+func (h Seam) Stamp(id string) Stamp {
+	if r := h.e.leases[id]; r != nil {
+		return r.Stamp
+	}
+	return Stamp{}
+}
+
+// SetStamp sets the persister's stamp of the record of lease id, and
+// reports whether the engine holds that record (a reservation's record is
+// written before the engine indexes it: its stamp is then not kept).
+func (h Seam) SetStamp(id string, st Stamp) bool {
+	r := h.e.leases[id]
+	if r == nil {
+		return false
+	}
+	r.Stamp = st
+	return true
+}
+
 // Remove drops the record of lease id, which the medium no longer holds
 // (a prune replayed from the journal), before [Seam.Start].
 func (h Seam) Remove(id string) { delete(h.e.leases, id) }
