@@ -18,6 +18,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/leasefs/leasefs/internal/procfs"
 )
 
 // Key names an open file by what its descriptor's fdinfo says: the mount it
@@ -81,7 +83,7 @@ func ScanMounts(proc string, mounts []int, skipUnreadable func(uid int) bool) (S
 		keys, err := processFiles(proc, pid, want)
 		switch {
 		case errors.Is(err, fs.ErrPermission):
-			if e.Name() != self && !goneOrZombie(proc, pid) && (skipUnreadable == nil || !skipUnreadable(ownerUID(proc, pid))) {
+			if e.Name() != self && !procfs.ExitedIn(proc, pid) && (skipUnreadable == nil || !skipUnreadable(ownerUID(proc, pid))) {
 				sc.Unreadable = append(sc.Unreadable, pid)
 			}
 			continue
@@ -161,21 +163,6 @@ func Comm(proc string, pid int) string {
 		return ""
 	}
 	return strings.TrimSuffix(string(b), "\n")
-}
-
-// goneOrZombie reports whether process pid has exited: it is gone from
-// proc, or a zombie, whose descriptors are closed already.
-func goneOrZombie(proc string, pid int) bool {
-	b, err := os.ReadFile(proc + "/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	// "PID (COMM) STATE …": COMM may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	return b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 // ownerUID returns the real uid of process pid, or -1.

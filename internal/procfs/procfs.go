@@ -68,8 +68,12 @@ func StartTicks(pid int) (ticks uint64, ok bool) {
 
 // Exited reports whether process pid has exited: it is gone, or a zombie
 // waiting to be reaped (state Z or X in /proc/<pid>/stat).
-func Exited(pid int) bool {
-	fields, ok := statFields(pid)
+func Exited(pid int) bool { return ExitedIn("/proc", pid) }
+
+// ExitedIn is [Exited] for the proc filesystem mounted at root (a test's
+// fake one, or another pid namespace's).
+func ExitedIn(root string, pid int) bool {
+	fields, ok := statFieldsIn(root, pid)
 	return !ok || len(fields) == 0 || exited(fields[0])
 }
 
@@ -79,11 +83,14 @@ func exited(state []byte) bool {
 
 // statFields returns the fields of /proc/<pid>/stat from field 3 (state)
 // on.
-func statFields(pid int) ([][]byte, bool) {
+func statFields(pid int) ([][]byte, bool) { return statFieldsIn("/proc", pid) }
+
+// statFieldsIn is statFields for the proc filesystem at root.
+func statFieldsIn(root string, pid int) ([][]byte, bool) {
 	if pid <= 0 {
 		return nil, false
 	}
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	data, err := os.ReadFile(root + "/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return nil, false
 	}

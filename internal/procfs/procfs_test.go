@@ -2,6 +2,7 @@ package procfs
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -108,5 +109,30 @@ func TestBootIDAndHostname(t *testing.T) {
 	h := Hostname()
 	if want, err := os.Hostname(); err == nil && want != "" && h != want {
 		t.Errorf("Hostname() = %q, want %q from os.Hostname", h, want)
+	}
+}
+
+// TestExitedIn reads the state of processes from a fake proc: a zombie
+// (whose command name holds ") Z") and a missing process have exited, a
+// sleeping one has not.
+func TestExitedIn(t *testing.T) {
+	proc := t.TempDir()
+	for pid, stat := range map[int]string{
+		7: "7 (a) Z (b) S 1 7 7 0\n",
+		8: "8 (sh) S 1 8 8 0\n",
+		9: "9 (worker) Z 1 9 9 0\n",
+	} {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pid, want := range map[int]bool{7: false, 8: false, 9: true, 10: true} {
+		if got := ExitedIn(proc, pid); got != want {
+			t.Errorf("ExitedIn(%d) = %v, want %v", pid, got, want)
+		}
 	}
 }
