@@ -291,9 +291,6 @@ func reconnectDeadline(down time.Time, reconnect, grace time.Duration, until tim
 
 // flockRetry calls flock(2), retrying after EINTR.
 func flockRetry(fd, how int) error {
-	for {
-		if err := unix.Flock(fd, how); !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
+	_, err := retryEINTR(func() (int, error) { return 0, unix.Flock(fd, how) })
+	return err
 }
