@@ -14,9 +14,15 @@ import (
 )
 
 // Namespace returns the namespace at path; see [leasecore.Store.Namespace].
+// A namespace this store has learned is answered with no round trip, until
+// its watch shows it removed (docs/PROTOCOL.md §8a, "Namespaces"); any
+// other costs one read.
 func (s *Store) Namespace(ctx context.Context, path string) (leasecore.Namespace, error) {
 	if err := s.begin(false); err != nil {
 		return leasecore.Namespace{}, err
+	}
+	if ns, ok := s.cachedNS(path); ok {
+		return ns, nil
 	}
 	cctx, done := s.call(ctx)
 	resp, err := s.cli.Get(cctx, s.k.ns(path))
@@ -27,7 +33,11 @@ func (s *Store) Namespace(ctx context.Context, path string) (leasecore.Namespace
 	if path == "" || len(resp.Kvs) == 0 {
 		return leasecore.Namespace{}, fmt.Errorf("%w: namespace %q", leasecore.ErrNotFound, path)
 	}
-	return decodeNS(path, resp.Kvs[0].Value), nil
+	ns := decodeNS(path, resp.Kvs[0].Value)
+	s.mu.Lock()
+	s.learnNS(ns, resp.Header.Revision)
+	s.mu.Unlock()
+	return ns, nil
 }
 
 // Mkdir creates namespace path; see [leasecore.Store.Mkdir]. A uid may own
@@ -102,6 +112,9 @@ func (s *Store) Mkdir(ctx context.Context, path string, uid, gid uint32) (leasec
 		}
 		if tresp.Succeeded {
 			s.committed(start)
+			s.mu.Lock()
+			s.learnNS(ns, tresp.Header.Revision)
+			s.mu.Unlock()
 			return ns, nil
 		}
 	}
@@ -171,8 +184,52 @@ func (s *Store) Rmdir(ctx context.Context, path string) error {
 		}
 		if tresp.Succeeded {
 			s.committed(start)
+			s.mu.Lock()
+			s.nsRemoved(path, tresp.Header.Revision)
+			s.mu.Unlock()
 			return nil
 		}
 	}
 	return s.tooBusy(s.k.ns(path))
+}
+
+// maxNSGone bounds the removals a store remembers (see Store.nsGone);
+// past it they are forgotten at once and older answers are not learned.
+const maxNSGone = 4096
+
+// cachedNS returns namespace path as this store has learned it, if it has.
+func (s *Store) cachedNS(path string) (leasecore.Namespace, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns, ok := s.nss[path]
+	return ns, ok
+}
+
+// learnNS records namespace ns, which a call answered at revision at read
+// or wrote, unless the watch has shown it removed after at. The caller
+// holds mu.
+func (s *Store) learnNS(ns leasecore.Namespace, at int64) {
+	if ns.Path == "" || at < s.nsFloor || s.nsGone[ns.Path] > at {
+		return
+	}
+	s.nss[ns.Path] = ns
+}
+
+// nsRemoved forgets namespace path, removed at revision rev. The caller
+// holds mu.
+func (s *Store) nsRemoved(path string, rev int64) {
+	delete(s.nss, path)
+	if len(s.nsGone) >= maxNSGone {
+		clear(s.nsGone)
+		s.nsFloor = rev
+	}
+	s.nsGone[path] = max(s.nsGone[path], rev)
+}
+
+// forgetNamespaces drops every namespace learned, for a watch that missed
+// changes (etcd compacted past it). The caller holds mu.
+func (s *Store) forgetNamespaces(rev int64) {
+	clear(s.nss)
+	clear(s.nsGone)
+	s.nsFloor = rev
 }

@@ -65,7 +65,8 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		handles: make(map[string]*handle), previous: make(map[string]string),
 		bucketKick: make(chan struct{}, 1),
 		waiting:    make(map[string]int), perUID: make(map[uint32]int),
-		queue:   make(map[string]map[string]int64),
+		queue: make(map[string]map[string]int64),
+		nss:   make(map[string]leasecore.Namespace), nsGone: make(map[string]int64),
 		changed: make(map[string]chan struct{}),
 		health:  leasecore.Health{Reachable: true},
 	}

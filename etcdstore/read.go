@@ -214,6 +214,12 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 	if err := s.begin(false); err != nil {
 		return nil, nil, err
 	}
+	if ns, ok := s.cachedNS(resource); ok {
+		// A namespace is answered from what this store learned: one
+		// removed elsewhere fails the change that depends on it
+		// (docs/PROTOCOL.md §8a, "Namespaces").
+		return &ns, nil, nil
+	}
 	cctx, done := s.call(ctx)
 	resp, err := s.readTxn(cctx,
 		clientv3.OpGet(s.k.live(resource)),
@@ -233,6 +239,9 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 	s.seeRev(resp.Header.Revision)
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 && resource != "" {
 		ns := decodeNS(resource, kvs[0].Value)
+		s.mu.Lock()
+		s.learnNS(ns, resp.Header.Revision)
+		s.mu.Unlock()
 		return &ns, nil, nil
 	}
 	waiters := resp.Responses[1].GetResponseRange().Count
@@ -383,12 +392,16 @@ func (s *Store) ListDir(ctx context.Context, dir string) ([]leasecore.Namespace,
 		return nil, nil, fmt.Errorf("%w: %q", leasecore.ErrNoNamespace, dir)
 	}
 	var nss []leasecore.Namespace
+	s.mu.Lock()
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		path := strings.TrimPrefix(string(kv.Key), s.k.ns(""))
 		if leasecore.ParentOf(path) == dir {
-			nss = append(nss, decodeNS(path, kv.Value))
+			ns := decodeNS(path, kv.Value)
+			s.learnNS(ns, resp.Header.Revision)
+			nss = append(nss, ns)
 		}
 	}
+	s.mu.Unlock()
 	slices.SortFunc(nss, func(a, b leasecore.Namespace) int { return strings.Compare(a.Path, b.Path) })
 	return nss, leases, nil
 }

@@ -143,6 +143,16 @@ type Store struct {
 	queue   map[string]map[string]int64
 	watched int64          // the watch (or start's read) has shown every change up to this revision
 	perUID  map[uint32]int // uid → leases in live, for the quota of docs/PROTOCOL.md §7
+	// nss: path → a namespace this store has learned exists (a read, its
+	// own mkdir, the watch), until the watch shows it removed; lookups
+	// and directory attributes answer from it with no round trip
+	// (docs/PROTOCOL.md §8a, "Namespaces"). nsGone: path → the revision
+	// of a removal the watch showed, so that an older answer does not
+	// bring the namespace back; answers older than nsFloor are not
+	// learned (nsGone was cleared then).
+	nss     map[string]leasecore.Namespace
+	nsGone  map[string]int64
+	nsFloor int64
 	// previous, of a read-only store: lease id → holder pids of the
 	// handle leases of this store's daemon identity that a process holds
 	// through a previous daemon's mount, found at open (docs/PROTOCOL.md

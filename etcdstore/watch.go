@@ -67,6 +67,7 @@ func (s *Store) reloadQueue() {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetNamespaces(resp.Header.Revision)
 	s.queue, s.waiting = make(map[string]map[string]int64), make(map[string]int)
 	for _, kv := range resp.Kvs {
 		_, resource := s.k.classify(string(kv.Key))
@@ -106,6 +107,14 @@ func (s *Store) apply(evs []*clientv3.Event) {
 			s.mu.Unlock()
 		}
 		switch kind {
+		case "ns":
+			s.mu.Lock()
+			if ev.Type == mvccpb.PUT {
+				s.learnNS(decodeNS(resource, ev.Kv.Value), rev)
+			} else {
+				s.nsRemoved(resource, rev)
+			}
+			s.mu.Unlock()
 		case "waiters":
 			s.mu.Lock()
 			switch {
