@@ -16,11 +16,15 @@ import (
 // with another change; each retry means another change committed.
 const maxRetries = 32
 
-// Reserve grants a new lease on d.Resource if it has no live lease; see
-// [leasecore.Store.Reserve]. One round trip: a transaction that writes the
-// lease when the name is free and its namespace exists, and otherwise reads
-// (its Else branch) what is in the way; more only when it ends a dead
-// lease in the way or races another change.
+// Reserve grants a new lease on d.Resource if it has no live lease and no
+// waiter queues for it; see [leasecore.Store.Reserve]. One round trip: a
+// transaction that writes the lease when the name is free, no waiter
+// queues and its namespace exists, and otherwise reads (its Else branch)
+// what is in the way; more only when it ends a dead lease in the way,
+// races another change, or finds the name being handed to the head of its
+// queue: it then waits for the head's grant (at most the session TTL of
+// waiter keys, for a head whose daemon is gone) and reports the name held
+// by it (docs/PROTOCOL.md §8a, "Hand-over").
 func (s *Store) Reserve(ctx context.Context, d leasecore.Draft) (leasecore.Grant, error) {
 	d, err := leasecore.CheckDraft(d)
 	if err != nil {
@@ -54,6 +58,7 @@ func (s *Store) quotaFull(uid uint32) (int, bool) {
 // reservation also removes that waiter key, and only while it exists.
 func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string, waiterRev int64) (leasecore.Grant, error) {
 	parent := leasecore.ParentOf(d.Resource)
+	var handOver time.Time // until when a hand-over of the name is awaited
 	for range maxRetries {
 		s.mu.Lock()
 		count, full := s.quotaFull(d.HolderUID)
@@ -100,7 +105,13 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			clientv3.OpPut(s.k.live(d.Resource), value, clientv3.WithLease(lid)),
 			clientv3.OpPut(s.k.id(l.ID), d.Resource, clientv3.WithLease(lid)),
 		}
-		if waiterKey != "" {
+		if waiterKey == "" {
+			// No waiter queues: a free name with waiters is being handed
+			// to the head of its queue, which no other request may pass
+			// (docs/PROTOCOL.md §8a, "Hand-over").
+			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.k.waiters(d.Resource)), "=", 0).WithPrefix())
+			orElse = append(orElse, clientv3.OpGet(s.k.waiters(d.Resource), append(clientv3.WithLastCreate(), clientv3.WithKeysOnly())...))
+		} else {
 			// The waiter still queues and no waiter of the name is older.
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(waiterKey), "=", waiterRev),
 				clientv3.Compare(clientv3.CreateRevision(s.k.waiters(d.Resource)), ">", waiterRev-1).WithPrefix())
@@ -161,6 +172,17 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 				}
 				i++
 			}
+			if waiterKey == "" {
+				if last := rs[i].GetResponseRange().Kvs; len(last) > 0 {
+					// Free, and handed to the head of its queue: wait for
+					// the head's grant, then answer as a held name does.
+					if handOver.IsZero() {
+						handOver = time.Now().Add(s.opts.SessionTTL + time.Second)
+					}
+					s.awaitHandOver(d.Resource, last[0].CreateRevision, handOver)
+				}
+				continue
+			}
 			if waiterKey != "" {
 				if rs[i].GetResponseRange().Count == 0 {
 					return leasecore.Grant{}, errWaiterGone
@@ -192,6 +214,36 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		return leasecore.Grant{Lease: l, Token: token}, nil
 	}
 	return leasecore.Grant{}, s.tooBusy(s.k.live(d.Resource))
+}
+
+// awaitHandOver waits until the store's view, once its watch has shown
+// the newest waiter key that a reservation found queuing for resource
+// (created at revision at), shows resource held or no waiter queuing for
+// it, at the latest until deadline: the waiter
+// session's TTL after the wait began, by which the key of a head whose
+// daemon is gone has left the queue. The wait is not cut short by the
+// caller's context: a reservation runs to its answer (docs/PROTOCOL.md
+// §8a, "Interrupts").
+func (s *Store) awaitHandOver(resource string, at int64, deadline time.Time) {
+	for {
+		changed := s.changedChan(resource)
+		s.mu.Lock()
+		settled := s.watched >= at && (s.live[resource] != nil || len(s.queue[resource]) == 0)
+		s.mu.Unlock()
+		left := time.Until(deadline)
+		if settled || left <= 0 {
+			return
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-s.bg.Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
 }
 
 // forgetLease drops etcd lease lid as this store's current bucket or

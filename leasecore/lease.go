@@ -192,7 +192,9 @@ type Namespace struct {
 // on a queue.
 type Store interface {
 	// Reserve grants a new lease on d.Resource if it has no live lease.
-	// Errors: *LeaseHeldError (ErrHeld), ErrQuota, ErrNoNamespace,
+	// A name being handed to the head of its queue of Acquire callers
+	// counts as held, by the head's grant: no Reserve passes a waiter
+	// (docs/PROTOCOL.md §6, §8a "Hand-over"). Errors: *LeaseHeldError (ErrHeld), ErrQuota, ErrNoNamespace,
 	// ErrIsNamespace, ErrInvalidName, ErrNameTooLong, ErrInvalidArgument,
 	// *PersistError.
 	Reserve(ctx context.Context, d Draft) (Grant, error)
