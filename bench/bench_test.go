@@ -184,3 +184,30 @@ func TestParseClients(t *testing.T) {
 		}
 	}
 }
+
+// A grant is out of turn when a wait begun at least the tolerance earlier
+// was still waiting when it was granted.
+func TestOutOfTurn(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	rec := func(asked, granted float64) grantRec { return grantRec{asked: at(asked), granted: at(granted)} }
+	for _, tc := range []struct {
+		name string
+		recs []grantRec
+		tol  time.Duration
+		want int
+		lead time.Duration
+	}{
+		{"in order", []grantRec{rec(0, 1), rec(2, 3), rec(4, 5)}, time.Millisecond, 0, 0},
+		{"second passes the first", []grantRec{rec(0, 10), rec(2, 5)}, time.Millisecond, 1, 2 * time.Millisecond},
+		{"within the tolerance", []grantRec{rec(0, 10), rec(0.5, 5)}, time.Millisecond, 0, 0},
+		{"within the tolerance, none allowed", []grantRec{rec(0, 10), rec(0.5, 5)}, 0, 1, time.Millisecond / 2},
+		{"two pass one", []grantRec{rec(0, 20), rec(2, 5), rec(3, 8)}, time.Millisecond, 2, 3 * time.Millisecond},
+		{"the earlier was granted first", []grantRec{rec(0, 4), rec(2, 5)}, time.Millisecond, 0, 0},
+		{"passes two", []grantRec{rec(0, 20), rec(1, 21), rec(6, 5)}, time.Millisecond, 1, 6 * time.Millisecond},
+	} {
+		if got, lead := outOfTurn(tc.recs, tc.recs, tc.tol); got != tc.want || lead != tc.lead {
+			t.Errorf("%s: outOfTurn = %d, %v; want %d, %v", tc.name, got, lead, tc.want, tc.lead)
+		}
+	}
+}

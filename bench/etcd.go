@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -97,8 +99,9 @@ func (ids etcdIDs) all() []string {
 	return []string{ids.mutexD, ids.mutexS, ids.put, ids.lease, ids.renew, ids.handle, ids.queue, ids.ns, ids.fanout}
 }
 
-// fanoutMounts are the numbers of idle mounts of the fan-out rows.
-var fanoutMounts = []int{0, 8, 24}
+// fanoutMounts are the numbers of idle mounts of the fan-out rows; the
+// targets compare the last with the first.
+var fanoutMounts = []int{0, 8, 24, 64}
 
 // etcdRows runs the etcd rows on the embedded etcd (5d, 5s, 5p, 9a–9f)
 // and, when Debian's etcd-server is installed (the etcd binary), on it
@@ -267,34 +270,60 @@ func (b *bench) etcdServerRows(srv etcdServer) error {
 
 // fanoutRow runs the fan-out row of srv: a lease cycle of one client on
 // mp, the mount of the server's other rows, while N other mounts of the
-// same store sit idle (N in fanoutMounts); the note gives the idle
-// daemons' CPU per cycle in total and, for an etcd process, its CPU per
-// cycle (utime + stime of /proc/PID/stat, proc(5)). A change should cost
-// the same however many mounts share the cluster (docs/PROTOCOL.md §8a).
+// same store sit idle (N in fanoutMounts), each its own daemon with its own
+// state directory and mountpoint. The note gives the idle daemons' CPU per
+// cycle in total and, for an etcd process, its CPU per cycle (utime + stime
+// of /proc/PID/stat, proc(5)), and the idle daemons' VmRSS at the end of
+// the cell, beside the first idle daemon's right after its mount. A change
+// should cost the same however many mounts share the cluster, and an idle
+// daemon's memory should not grow with the leases made elsewhere
+// (docs/PROTOCOL.md §8a). The idle daemons are stopped and unmounted when
+// the row ends, on error too.
 func (b *bench) fanoutRow(srv etcdServer, store, mp string) error {
 	id := srv.ids.fanout
 	if !b.want(id, nameEtcdFanout) {
 		return nil
 	}
-	var idle []*leasefsDaemon
+	// idle are the idle daemons; mountRSS[k] is idle[k]'s VmRSS right
+	// after it mounted, mountCycles[k] the cycles made before then.
+	var (
+		idle        []*leasefsDaemon
+		mountRSS    []int64
+		mountCycles []int64
+		cycles      atomic.Int64 // lease cycles begun on mp in this row
+	)
 	defer func() {
+		var wg sync.WaitGroup
 		for _, d := range idle {
-			d.stop()
+			wg.Go(d.stop)
 		}
+		wg.Wait()
 	}()
 	window := max(b.cfg.duration, 3*time.Second)
 	if b.cfg.quick {
 		window = b.cfg.duration
 	}
 	for _, n := range fanoutMounts {
+		if len(idle) < n {
+			b.logf("%s: starting idle daemons %d to %d", id, len(idle), n-1)
+		}
 		for len(idle) < n {
+			if err := b.ctx.Err(); err != nil {
+				return nil
+			}
 			k := len(idle)
 			d, _, err := b.startLeasefs(filepath.Join(b.tmp, fmt.Sprintf("state-idle-%s-%d", srv.label, k)),
 				filepath.Join(b.tmp, fmt.Sprintf("mnt-idle-%s-%d", srv.label, k)), "--store", store)
 			if err != nil {
-				return err
+				return fmt.Errorf("%s, idle daemon %d of %d: %w", id, k, n, err)
 			}
 			idle = append(idle, d)
+			rss, err := rssBytes(d.pid)
+			if err != nil {
+				return fmt.Errorf("%s, idle daemon %d: %w", id, k, err)
+			}
+			mountRSS = append(mountRSS, rss)
+			mountCycles = append(mountCycles, cycles.Load())
 		}
 		time.Sleep(500 * time.Millisecond) // the new daemons' start settles
 		pids := make([]int, len(idle))
@@ -305,23 +334,34 @@ func (b *bench) fanoutRow(srv etcdServer, store, mp string) error {
 		saved := b.cfg.duration
 		b.cfg.duration = window
 		res, err := b.runCell(1, func(i int) (cycle, func(), error) {
-			return leaseCycle(mp, fmt.Sprintf("fanout%d", n))(1, i)
+			c, _, _ := leaseCycle(mp, fmt.Sprintf("fanout%d", n))(1, i)
+			return func() error {
+				cycles.Add(1)
+				return c()
+			}, nil, nil
 		})
 		b.cfg.duration = saved
 		if err != nil {
 			return fmt.Errorf("%s, %d idle mounts: %w", id, n, err)
 		}
-		cycles := float64(res.n + res.failed)
-		if cycles == 0 {
+		done := float64(res.n + res.failed)
+		if done == 0 {
 			return fmt.Errorf("%s, %d idle mounts: no cycle completed", id, n)
 		}
-		idleMS := float64(cpuOf(pids...)-idle0) / float64(time.Millisecond) / cycles
+		idleMS := float64(cpuOf(pids...)-idle0) / float64(time.Millisecond) / done
 		ms := 1000 / res.ops
 		note := fmt.Sprintf("%.1f ms per cycle; idle daemons' CPU %.2f ms per cycle in total", ms, idleMS)
 		if srv.pid != 0 {
-			etcdMS := float64(cpuOf(srv.pid)-etcd0) / float64(time.Millisecond) / cycles
+			etcdMS := float64(cpuOf(srv.pid)-etcd0) / float64(time.Millisecond) / done
 			note += fmt.Sprintf("; etcd CPU %.2f ms per cycle", etcdMS)
 			b.extras[fmt.Sprintf("%s.etcdcpu.%d", id, n)] = etcdMS
+		}
+		if len(idle) > 0 {
+			rss, err := idleRSS(idle, mountRSS, mountCycles, cycles.Load())
+			if err != nil {
+				return fmt.Errorf("%s, %d idle mounts: %w", id, n, err)
+			}
+			note += "; " + rss
 		}
 		if res.failed > 0 {
 			note += fmt.Sprintf("; %d failed (%v)", res.failed, res.firstErr)
@@ -334,6 +374,29 @@ func (b *bench) fanoutRow(srv etcdServer, store, mp string) error {
 		b.logf("%-3s %-44s: %9.0f ops/s  p50 %-9s p99 %-9s %s", id, name, res.ops, fmtDur(res.p50), fmtDur(res.p99), note)
 	}
 	return nil
+}
+
+// idleRSS describes the idle daemons' VmRSS now: the sum and the largest,
+// the sum right after their mounts (mountRSS), and the first daemon's now
+// against right after its mount, with the lease cycles made on the other
+// mount in between (cycles now, mountCycles[0] then).
+func idleRSS(idle []*leasefsDaemon, mountRSS, mountCycles []int64, cycles int64) (string, error) {
+	var sum, top, atMount int64
+	rss := make([]int64, len(idle))
+	for i, d := range idle {
+		r, err := rssBytes(d.pid)
+		if err != nil {
+			return "", fmt.Errorf("idle daemon %d (pid %d): %w", i, d.pid, err)
+		}
+		rss[i] = r
+		sum += r
+		top = max(top, r)
+		atMount += mountRSS[i]
+	}
+	mib := func(n int64) float64 { return float64(n) / (1 << 20) }
+	return fmt.Sprintf("idle daemons' RSS: sum %.0f MiB (%.0f MiB right after their mounts), max %.1f MiB; "+
+		"the first idle daemon %.1f MiB right after its mount, %.1f MiB after %d lease cycles elsewhere",
+		mib(sum), mib(atMount), mib(top), mib(mountRSS[0]), mib(rss[0]), cycles-mountCycles[0]), nil
 }
 
 // cpuOf returns the CPU time (user + system) the processes pids have used
@@ -375,6 +438,7 @@ func (b *bench) etcdTargets(ids etcdIDs, on string) []target {
 		b.ratio(f("etcd store, renew, 1 client (%s) / one etcd Put (%s)", ids.renew, ids.put), ids.renew, 1, ids.put, 1, 0.7),
 		b.ratio(f("etcd store, handle cycle, 1 client (%s) / Mutex distinct keys (%s)", ids.handle, ids.mutexD), ids.handle, 1, ids.mutexD, 1, 0.35),
 		b.ratio(f("etcd store, one name, 16 clients queueing (%s) / Mutex one shared key (%s)", ids.queue, ids.mutexS), ids.queue, 16, ids.mutexS, 16, 1.0),
+		b.extra(f("etcd store, one name, 16 clients queueing: grants out of turn (%s)", ids.queue), fmt.Sprintf("%s.outofturn.16", ids.queue), 1, "", 0, true),
 	}
 	last := fanoutMounts[len(fanoutMounts)-1]
 	ms := target{what: f("etcd store, ms per lease cycle with %d idle mounts / with none (%s)", last, ids.fanout), goal: 1.3, atMost: true}
@@ -392,6 +456,7 @@ func (b *bench) etcdTargets(ids etcdIDs, on string) []target {
 	}
 	ts = append(ts, b.extra(f("etcd store, idle daemons' CPU per lease cycle with %d idle mounts (%s)", last, ids.fanout),
 		fmt.Sprintf("%s.idlecpu.%d", ids.fanout, last), 1, " ms", 2, true))
+	ts = append(ts, b.rpcTargets(ids.lease, on)...)
 	failed, seen := 0.0, false
 	for key, v := range b.extras {
 		id, _, ok := strings.Cut(key, ".failed.")

@@ -125,6 +125,8 @@ type grantLog struct {
 	recs []grantRec
 }
 
+// grantRec is one blocking lock as its client saw it: asked is taken just
+// before the flock call, granted just after it returned.
 type grantRec struct {
 	asked, granted time.Time
 	hold           time.Duration
@@ -136,18 +138,36 @@ func (g *grantLog) add(r grantRec) {
 	g.recs = append(g.recs, r)
 }
 
-// summary returns the p99 of the waits, the mean hold and the share of
-// grants that went to a client ahead of one that had asked earlier and was
-// still waiting (a barging grant). Grants are ordered by the client-side
-// times, so this is approximate: the daemon queues a waiter a little after
-// it asks.
-func (g *grantLog) summary(from time.Time) (p99Wait, meanWait, meanHold time.Duration, barged float64) {
+// outOfTurnTolerance is how much earlier another client's wait must have
+// begun for a grant to count as out of turn: a client takes its time just
+// before flock, and its request reaches the daemon a little later, so two
+// waits begun less than this apart cannot be ordered from the clients'
+// clocks.
+const outOfTurnTolerance = time.Millisecond
+
+// queueStats summarises a grantLog over a measured window.
+type queueStats struct {
+	p99Wait, meanWait, meanHold time.Duration
+	grants                      int // grants whose wait began in the window
+	// outOfTurn counts the grants made while another client, whose wait
+	// began at least outOfTurnTolerance earlier, was still waiting;
+	// outOfTurnAny counts them with no tolerance.
+	outOfTurn, outOfTurnAny int
+	// maxLead is, over the grants out of turn, the longest time by which
+	// a wait they passed had begun before theirs.
+	maxLead time.Duration
+}
+
+// summary returns the stats of the grants whose wait began at or after
+// from. Every recorded wait, also one begun before from, counts as a wait
+// that a grant may have passed.
+func (g *grantLog) summary(from time.Time) queueStats {
 	g.mu.Lock()
-	recs := slices.Clone(g.recs)
+	all := slices.Clone(g.recs)
 	g.mu.Unlock()
-	recs = slices.DeleteFunc(recs, func(r grantRec) bool { return r.asked.Before(from) })
+	recs := slices.DeleteFunc(slices.Clone(all), func(r grantRec) bool { return r.asked.Before(from) })
 	if len(recs) == 0 {
-		return 0, 0, 0, 0
+		return queueStats{}
 	}
 	waits := make([]time.Duration, len(recs))
 	var wait, hold time.Duration
@@ -156,21 +176,55 @@ func (g *grantLog) summary(from time.Time) (p99Wait, meanWait, meanHold time.Dur
 		wait += waits[i]
 		hold += r.hold
 	}
-	slices.SortFunc(recs, func(a, b grantRec) int { return a.granted.Compare(b.granted) })
-	// Walking back from the last grant, minAsked is the earliest ask among
-	// the grants after the current one.
-	minAsked := recs[len(recs)-1].asked
-	n := 0
-	for i := len(recs) - 2; i >= 0; i-- {
-		if minAsked.Before(recs[i].asked) {
-			n++
-		}
-		if recs[i].asked.Before(minAsked) {
-			minAsked = recs[i].asked
+	n := time.Duration(len(recs))
+	st := queueStats{p99Wait: quantile(waits, 0.99), meanWait: wait / n, meanHold: hold / n, grants: len(recs)}
+	st.outOfTurn, st.maxLead = outOfTurn(all, recs, outOfTurnTolerance)
+	st.outOfTurnAny, _ = outOfTurn(all, recs, 0)
+	return st
+}
+
+// outOfTurn counts the grants of recs that went out of turn among the
+// waits of all: a grant G is out of turn when some wait W began at least
+// tol before G's (W.asked <= G.asked - tol) and was not yet granted when G
+// was (W.granted after G.granted). A client takes its grant time before it
+// unlocks, so a W granted before G always has the earlier grant time.
+// maxLead is the longest time by which a passed wait began before the
+// grant's own.
+func outOfTurn(all, recs []grantRec, tol time.Duration) (n int, maxLead time.Duration) {
+	byAsk := slices.Clone(all)
+	slices.SortFunc(byAsk, func(a, b grantRec) int { return a.asked.Compare(b.asked) })
+	// lastGrant[i] is the latest grant among the waits byAsk[:i+1].
+	lastGrant := make([]time.Time, len(byAsk))
+	for i, r := range byAsk {
+		lastGrant[i] = r.granted
+		if i > 0 && lastGrant[i-1].After(r.granted) {
+			lastGrant[i] = lastGrant[i-1]
 		}
 	}
-	n64 := time.Duration(len(recs))
-	return quantile(waits, 0.99), wait / n64, hold / n64, float64(n) / float64(len(recs))
+	for _, g := range recs {
+		cut := g.asked.Add(-tol)
+		// j waits began at or before cut; G itself is not among them
+		// when tol > 0, and cannot be granted after itself when tol is 0.
+		j, _ := slices.BinarySearchFunc(byAsk, cut, func(r grantRec, t time.Time) int {
+			if r.asked.After(t) {
+				return 1
+			}
+			return -1
+		})
+		if j == 0 || !lastGrant[j-1].After(g.granted) {
+			continue
+		}
+		n++
+		// The earliest wait passed is the first, in order of asking,
+		// still waiting at g's grant.
+		for _, w := range byAsk[:j] {
+			if w.granted.After(g.granted) {
+				maxLead = max(maxLead, g.asked.Sub(w.asked))
+				break
+			}
+		}
+	}
+	return n, maxLead
 }
 
 // queueCycle is row 1d: every client opens the SAME name, blocks in
@@ -213,14 +267,25 @@ func (b *bench) queueRow(id, name, mp string) error {
 		if err != nil {
 			return fmt.Errorf("%s, %d clients: %w", id, n, err)
 		}
-		p99w, meanw, hold, barged := g.summary(started.Add(b.cfg.warmup))
+		st := g.summary(started.Add(b.cfg.warmup))
 		ratio, meanRatio := 0.0, 0.0
-		if hold > 0 {
-			ratio = float64(p99w) / float64(hold)
-			meanRatio = float64(meanw) / float64(hold)
+		if st.meanHold > 0 {
+			ratio = float64(st.p99Wait) / float64(st.meanHold)
+			meanRatio = float64(st.meanWait) / float64(st.meanHold)
 		}
-		note := fmt.Sprintf("failed %d; p99 wait %s / mean hold %s = %.1f (mean wait %.1f holds); barging grants %.1f%%",
-			res.failed, fmtDur(p99w), fmtDur(hold), ratio, meanRatio, 100*barged)
+		pct := func(k int) float64 {
+			if st.grants == 0 {
+				return 0
+			}
+			return 100 * float64(k) / float64(st.grants)
+		}
+		note := fmt.Sprintf("failed %d; p99 wait %s / mean hold %s = %.1f (mean wait %.1f holds); "+
+			"grants out of turn %d of %d (%.1f%%), passing a wait begun ≥ %s earlier (%.1f%% with no tolerance)",
+			res.failed, fmtDur(st.p99Wait), fmtDur(st.meanHold), ratio, meanRatio,
+			st.outOfTurn, st.grants, pct(st.outOfTurn), fmtDur(outOfTurnTolerance), pct(st.outOfTurnAny))
+		if st.outOfTurn > 0 {
+			note += fmt.Sprintf("; the passed waits had begun up to %s earlier", fmtDur(st.maxLead))
+		}
 		if res.failed > 0 {
 			note += fmt.Sprintf(" (first: %v)", res.firstErr)
 		}
@@ -228,6 +293,7 @@ func (b *bench) queueRow(id, name, mp string) error {
 		b.extras[fmt.Sprintf("%s.failed.%d", id, n)] = float64(res.failed)
 		b.extras[fmt.Sprintf("%s.waithold.%d", id, n)] = ratio
 		b.extras[fmt.Sprintf("%s.meanwaithold.%d", id, n)] = meanRatio
+		b.extras[fmt.Sprintf("%s.outofturn.%d", id, n)] = float64(st.outOfTurn)
 		b.logf("%-3s %-44s %2d clients: %9.0f ops/s  p50 %-9s p99 %-9s %s", id, name, n, res.ops,
 			fmtDur(res.p50), fmtDur(res.p99), note)
 	}
