@@ -49,6 +49,15 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 	l.CompletedAt = s.opts.Clock.Now().UTC()
 	l.ExpiresAt, l.Waiters = time.Time{}, 0
 	live := s.k.live(r.l.Resource)
+	// This call publishes the end, which it knows how it came about; the
+	// name's watch skips it (see [Store.writeBegin]).
+	s.writeBegin(r.l.Resource)
+	var made int64
+	defer func() {
+		s.mu.Lock()
+		s.writeEnd(r.l.Resource, made)
+		s.mu.Unlock()
+	}()
 	cctx, done := s.call(ctx)
 	start := time.Now()
 	resp, err := s.cli.Txn(cctx).
@@ -56,8 +65,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 		Then(
 			clientv3.OpDelete(live),
 			clientv3.OpDelete(s.k.id(r.l.ID)),
-			// The quota key of records written before quotas were
-			// counted by each daemon; a no-op for later ones.
+			// The quota's holder key (reserve.go).
 			clientv3.OpDelete(s.k.holder(r.l.HolderUID, r.l.Resource)),
 			clientv3.OpPut(s.k.history(r.l.ID), s.encode(l, r.hash, change, r.duration)),
 		).
@@ -82,10 +90,28 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 	}
 	s.committed(start)
 	s.stopKeepAlive(r.l.ID)
+	rev := resp.Header.Revision
+	made = rev
 	s.mu.Lock()
-	s.dropLive(r.l.Resource, resp.Header.Revision)
+	s.dropLive(r.l.Resource, rev)
+	s.sawLive(r.l.Resource, rev)
 	s.ended++
+	k := s.known[r.l.ID]
+	if k != nil {
+		k.last, k.goneAt, k.recorded = l, time.Now(), true
+	}
+	if k == nil || !k.lost && !k.published {
+		if k != nil {
+			k.published = true
+		}
+		c := changeOf[change]
+		if c == 0 {
+			c = leasecore.ChangeReleased
+		}
+		s.feed.Publish(rev, leasecore.Event{Kind: leasecore.EventEnded, Change: c, Lease: l})
+	}
 	s.mu.Unlock()
+	s.notify(r.l.Resource)
 	return l, nil
 }
 
@@ -151,6 +177,13 @@ func (s *Store) endLater(resource string, which func(r *rec) (leasecore.Lease, b
 func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change string, lid clientv3.LeaseID) (*rec, error) {
 	live := s.k.live(r.l.Resource)
 	value := s.encode(l, r.hash, change, s.durationOf(r))
+	s.writeBegin(r.l.Resource)
+	var made int64
+	defer func() {
+		s.mu.Lock()
+		s.writeEnd(r.l.Resource, made)
+		s.mu.Unlock()
+	}()
 	cctx, done := s.call(ctx)
 	start := time.Now()
 	resp, err := s.cli.Txn(cctx).
@@ -158,6 +191,8 @@ func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change strin
 		Then(
 			clientv3.OpPut(live, value, clientv3.WithLease(lid)),
 			clientv3.OpPut(s.k.id(r.l.ID), r.l.Resource, clientv3.WithLease(lid)),
+			// The quota's holder key moves with the lease (reserve.go).
+			clientv3.OpPut(s.k.holder(r.l.HolderUID, r.l.Resource), r.l.ID, clientv3.WithLease(lid)),
 		).
 		Else(clientv3.OpGet(live)).
 		Commit()
@@ -179,9 +214,19 @@ func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change strin
 	rev := resp.Header.Revision
 	nr := &rec{l: l, hash: r.hash, change: change, daemon: s.opts.DaemonID, duration: s.durationOf(r),
 		kv: &mvccpb.KeyValue{Key: []byte(live), Value: []byte(value), CreateRevision: r.kv.CreateRevision, ModRevision: rev, Lease: int64(lid)}}
+	made = rev
+	e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[change], Lease: l}
+	if e.Change == 0 {
+		e.Change = leasecore.ChangeRenewed
+	}
 	s.mu.Lock()
 	s.learnLive(nr, rev)
+	s.sawLive(nr.l.Resource, rev)
+	s.fill(&e.Lease, s.durationOf(nr))
+	e.Lease.Generation = uint64(nr.kv.CreateRevision)
+	s.feed.Publish(rev, e)
 	s.mu.Unlock()
+	s.notify(nr.l.Resource)
 	return nr, nil
 }
 
@@ -253,7 +298,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 		if skip {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			return s.snapshot(r, int64(s.waiting[r.l.Resource])), r, nil
+			return s.snapshot(r, s.waitersOf(r.l.Resource)), r, nil
 		}
 		if endStatus != "" {
 			ended, err := s.end(ctx, r, l, endStatus, what)
@@ -281,7 +326,7 @@ func (s *Store) mutate(ctx context.Context, id string, token *string, what strin
 			return leasecore.Lease{}, nil, err
 		}
 		s.mu.Lock()
-		out := s.snapshot(nr, int64(s.waiting[nr.l.Resource]))
+		out := s.snapshot(nr, s.waitersOf(nr.l.Resource))
 		s.mu.Unlock()
 		return out, nr, nil
 	}

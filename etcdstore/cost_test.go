@@ -259,6 +259,7 @@ func mountEtcd(t *testing.T, srv *etcdtest.Server, c *rpcCounter, leaseDuration 
 			OpenStore: func(ctx context.Context, log *slog.Logger, hooks mount.StoreHooks) (leasecore.Store, error) {
 				s, err := Open(ctx, []string{srv.Endpoint()}, "/cost", Options{
 					Options:     leasecore.Options{LeaseDuration: leaseDuration, Logger: log, OnCommit: hooks.OnCommit, HandleHolders: hooks.HandleHolders},
+					KernelKnows: hooks.KernelKnows,
 					DialOptions: c.dialOptions(),
 				})
 				if err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -89,6 +90,15 @@ func (s *Store) grantHandleSession(ctx context.Context) error {
 	s.mu.Lock()
 	s.hs = hsession{id: g.ID, ttl: ttl, kept: kept, deadline: deadline}
 	s.mu.Unlock()
+	// The daemon key names the session, so that the next daemon of this
+	// identity finds its handle leases without reading the prefix.
+	cctx, done = s.call(background(ctx))
+	_, err = s.cli.Put(cctx, s.k.daemon(s.opts.Host, s.opts.DaemonID), strconv.FormatInt(int64(g.ID), 10), clientv3.WithLease(g.ID))
+	done()
+	if err != nil && s.bg.Err() == nil {
+		s.opts.Logger.Warn("recording the handle session under the daemon key failed; a next daemon of this identity will not find its handle leases, which then expire with the session",
+			"err", err)
+	}
 	return nil
 }
 

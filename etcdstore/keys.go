@@ -15,6 +15,7 @@ import (
 //	PREFIX/ns/<path>                   namespace (JSON: uid, gid, created_at)
 //	PREFIX/nsuid/<uid>/<path>          one per namespace created by uid (the quota on namespaces)
 //	PREFIX/waiters/<resource>//<id>    one per blocked Acquire, bound to its daemon's session lease
+//	PREFIX/daemons/<host>/<daemon-id>  the id of the daemon's handle session, bound to it: the next daemon of that identity finds its handle leases by it
 //
 // A resource never contains "//" (no empty components, docs/PROTOCOL.md
 // §3), so the waiters of one resource are exactly the keys under
@@ -36,6 +37,9 @@ func (p keys) waiters(resource string) string {
 	return string(p) + "waiters/" + resource + "//"
 }
 func (p keys) waitersAll() string { return string(p) + "waiters/" }
+func (p keys) daemon(host, id string) string {
+	return string(p) + "daemons/" + host + "/" + id
+}
 func (p keys) nsPrefix(dir string) string {
 	if dir == "" {
 		return string(p) + "ns/"

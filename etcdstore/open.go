@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,10 +64,11 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		bg:  bg, cancel: cancel, kick: make(chan struct{}, 1),
 		known: make(map[string]*known), live: make(map[string]*rec),
 		handles: make(map[string]*handle), previous: make(map[string]string),
-		bucketKick: make(chan struct{}, 1),
-		waiting:    make(map[string]int), perUID: make(map[uint32]int),
-		queue: make(map[string]map[string]int64),
-		nss:   make(map[string]leasecore.Namespace), nsGone: make(map[string]int64),
+		bucketKick:  make(chan struct{}, 1),
+		quotaFullAt: make(map[uint32]time.Time), follows: make(map[string]*follow),
+		queue: make(map[string]map[string]int64), pinned: make(map[string]int),
+		writing: make(map[string]int), writeIdle: make(map[string]chan struct{}), own: make(map[string][]int64),
+		nss: make(map[string]leasecore.Namespace), nsGone: make(map[string]int64),
 		changed: make(map[string]chan struct{}),
 		health:  leasecore.Health{Reachable: true},
 	}
@@ -78,39 +80,30 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 	return s, nil
 }
 
-// start loads the live leases and the waiter keys, grants the handle
-// session, keeps the handle leases of this daemon's predecessor that a
-// process still holds and ends the others, grants the session lease of
-// waiter keys and starts the watch, the reaper and the keep-alives.
+// start finds the handle leases this daemon's predecessor left (the live
+// keys on the handle session its daemon key names, see [keys]), grants
+// the handle session, keeps those a process still holds and ends the
+// others, grants the session lease of waiter keys and starts the watch of
+// namespaces, the reaper and the keep-alives. It reads what this daemon
+// needs, not the prefix: the names it follows come later, one by one
+// (follow.go).
 func (s *Store) start(ctx context.Context) error {
+	dkey := s.k.daemon(s.opts.Host, s.opts.DaemonID)
 	cctx, done := s.call(ctx)
-	resp, err := s.readTxn(cctx,
-		clientv3.OpGet(s.k.livePrefix(""), clientv3.WithPrefix()),
-		clientv3.OpGet(s.k.waitersAll(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-	)
+	resp, err := s.cli.Get(cctx, dkey)
 	done()
 	if err != nil {
 		return s.openError(ctx, err)
 	}
 	s.rev = resp.Header.Revision
 	var stale []*rec
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		r, err := s.decode(kv, true)
-		if err != nil {
-			s.opts.Logger.Warn("ignoring a malformed lease key", "key", string(kv.Key), "err", err)
-			continue
-		}
-		s.setLive(r)
-		if r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
-			stale = append(stale, r)
+	if len(resp.Kvs) > 0 {
+		if id, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err == nil {
+			if stale, err = s.leasesOn(ctx, clientv3.LeaseID(id)); err != nil {
+				return s.openError(ctx, err)
+			}
 		}
 	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		_, resource := s.k.classify(string(kv.Key))
-		s.waiting[resource]++
-		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
-	}
-	s.watched = s.rev
 	if s.opts.ReadOnly {
 		// A reader only shows what the daemon keeps (§2): it changes
 		// nothing in the cluster.
@@ -120,7 +113,8 @@ func (s *Store) start(ctx context.Context) error {
 			}
 		}
 		from := s.rev
-		s.wg.Go(func() { s.watch(from) })
+		s.wg.Go(func() { s.watchNamespaces(from) })
+		s.wg.Go(s.sweeper)
 		return nil
 	}
 	if err := s.grantHandleSession(ctx); err != nil {
@@ -161,8 +155,64 @@ func (s *Store) start(ctx context.Context) error {
 	s.wg.Go(s.keepHandles)
 	s.wg.Go(s.keepBuckets)
 	s.wg.Go(s.reaper)
-	s.wg.Go(func() { s.watch(from) })
+	s.wg.Go(func() { s.watchNamespaces(from) })
 	return nil
+}
+
+// leasesOn returns the handle leases of this daemon identity on etcd lease
+// lid (a previous daemon's handle session) and follows their names: the
+// live keys attached to lid, read with their waiter keys.
+func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID) ([]*rec, error) {
+	cctx, done := s.call(ctx)
+	ttl, err := s.cli.TimeToLive(cctx, lid, clientv3.WithAttachedKeys())
+	done()
+	if err != nil {
+		if isLeaseGone(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var names []string
+	for _, k := range ttl.Keys {
+		if kind, resource := s.k.classify(string(k)); kind == "live" {
+			names = append(names, resource)
+		}
+	}
+	var stale []*rec
+	for len(names) > 0 {
+		batch := names[:min(len(names), 60)] // two operations each; etcd's default limit is 128 a transaction
+		names = names[len(batch):]
+		ops := make([]clientv3.Op, 0, 2*len(batch))
+		for _, resource := range batch {
+			ops = append(ops, clientv3.OpGet(s.k.live(resource)),
+				clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		}
+		cctx, done := s.call(ctx)
+		resp, err := s.readTxn(cctx, ops...)
+		done()
+		if err != nil {
+			return nil, err
+		}
+		for i, resource := range batch {
+			kvs := resp.Responses[2*i].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			r, err := s.decode(kvs[0], true)
+			if err != nil {
+				s.opts.Logger.Warn("ignoring a malformed lease key", "key", string(kvs[0].Key), "err", err)
+				continue
+			}
+			if r.l.Mode != leasecore.ModeHandle || r.l.Host != s.opts.Host || r.daemon != s.opts.DaemonID {
+				continue
+			}
+			s.mu.Lock()
+			s.observe(resource, resp.Header.Revision, r, resp.Responses[2*i+1].GetResponseRange().Kvs)
+			s.mu.Unlock()
+			stale = append(stale, r)
+		}
+	}
+	return stale, nil
 }
 
 // openError explains the first call of Open that failed: which endpoints

@@ -109,6 +109,15 @@ func TestWaiterAnswerOvertakenByTheWatch(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
 	key := s.k.waiters("x") + leasecore.NewLeaseID()
+	// The store follows x from now, as a daemon does a name its kernel
+	// knows.
+	now, err := s.cli.Get(ctx, s.k.live("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.observe("x", now.Header.Revision, nil, nil)
+	s.mu.Unlock()
 	put, err := s.cli.Put(ctx, key, "0")
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +129,7 @@ func TestWaiterAnswerOvertakenByTheWatch(t *testing.T) {
 	for {
 		s.mu.Lock()
 		_, queued := s.queue["x"][key]
-		watched := s.watched
+		watched := s.follows["x"].waitSeen
 		s.mu.Unlock()
 		if !queued && watched > put.Header.Revision {
 			break

@@ -59,14 +59,27 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 			s.dropWaiter(key)
 		}
 	}()
+	defer s.pin(d.Resource)()
+	// One transaction queues the key and reads the name's live key and
+	// waiter keys at its revision, from which the store follows the name
+	// (see [Store.observe]): the queue is then known up to this key.
 	cctx, done := s.call(ctx)
-	put, err := s.cli.Put(cctx, key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID()))
+	put, err := s.cli.Txn(cctx).Then(
+		clientv3.OpPut(key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID())),
+		clientv3.OpGet(s.k.live(d.Resource)),
+		clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
 	done()
 	if err != nil {
 		return leasecore.Grant{}, s.unreachable(ctx, "queue", key, err, false)
 	}
 	myRev := put.Header.Revision
+	var cur *rec
+	if kvs := put.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		cur, _ = s.decode(kvs[0], true)
+	}
 	s.mu.Lock()
+	s.observe(d.Resource, myRev, cur, put.Responses[2].GetResponseRange().Kvs)
 	s.learnWaiter(d.Resource, key, myRev, myRev)
 	s.mu.Unlock()
 	// Until the watch has shown the queue up to this key, the store does
@@ -76,7 +89,7 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 	defer lag.Stop()
 	for {
 		changed := s.changedChan(d.Resource)
-		try, known := s.mayReserve(d.Resource, key, myRev)
+		try, known, recheck := s.mayReserve(d.Resource, key, myRev)
 		if !known && !asked && lagged(lag) {
 			asked = true
 			if try, err = s.isHead(ctx, d.Resource, key); err != nil {
@@ -101,9 +114,14 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 				return g, err
 			}
 		}
-		var wake <-chan time.Time
+		var wake, again <-chan time.Time
 		if !known && !asked {
 			wake = lag.C
+		}
+		if recheck > 0 {
+			t := time.NewTimer(recheck)
+			again = t.C
+			defer t.Stop()
 		}
 		select {
 		case <-ctx.Done():
@@ -113,6 +131,7 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 		case <-changed:
 		case <-wake:
 			lag.Reset(0) // read by lagged on the next turn
+		case <-again:
 		}
 	}
 }
@@ -168,7 +187,7 @@ func (s *Store) enqueue(resource, key string, rev int64) {
 // again, would stand ahead of every later waiter of the name for as long
 // as the daemon runs. The caller holds mu.
 func (s *Store) learnWaiter(resource, key string, rev, at int64) {
-	if s.watched > at {
+	if f := s.follows[resource]; f == nil || f.waitSeen > at {
 		return
 	}
 	s.enqueue(resource, key, rev)
@@ -187,26 +206,50 @@ func (s *Store) dequeue(resource, key string) {
 // mayReserve reports whether waiter key of resource, created at revision
 // rev, should try to reserve: the store knows no older waiter and no live
 // lease in the way (a dead one its reservation ends). known is false while
-// the watch has not yet shown the queue up to rev, when the store cannot
-// know every older waiter.
-func (s *Store) mayReserve(resource, key string, rev int64) (try, known bool) {
+// the view of the name's queue is not exact up to rev, when the store
+// cannot know every older waiter.
+func (s *Store) mayReserve(resource, key string, rev int64) (try, known bool, recheck time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	f := s.follows[resource]
+	if f == nil {
+		return true, false, 0 // let go while the store closes: the compare decides
+	}
+	f.touched = time.Now()
+	known = f.queueAt >= rev
 	if _, ok := s.queue[resource][key]; !ok {
 		// The watch showed the key deleted (its session expired): the
 		// reservation's compare finds it gone.
-		return true, true
+		return true, true, 0
 	}
 	for k, r := range s.queue[resource] {
 		if r < rev && k != key {
-			return false, s.watched >= rev
+			return false, known, 0
 		}
 	}
 	if cur := s.live[resource]; cur != nil && s.deadReason(cur) == "" {
-		return false, s.watched >= rev
+		return false, known, 0
 	}
-	return true, s.watched >= rev
+	// The name looks free with no older waiter. When the last waiter key
+	// deleted went after the last change of the live key the watch
+	// showed, that delete may be an older waiter's grant, whose live key
+	// the other watch has not shown yet (a reservation of the head puts
+	// the live key and deletes its waiter key in one transaction): wait
+	// for it a moment rather than send a reservation that would fail.
+	if f.liveSeen < f.waitDeleted {
+		if left := grantLag - time.Since(f.waitDeletedAt); left > 0 {
+			return false, known, left
+		}
+	}
+	return true, known, 0
 }
+
+// grantLag bounds how long a waiter waits for the live key of a grant
+// whose waiter key's delete its watch showed first (see
+// [Store.mayReserve]); after it, the waiter tries to reserve. A waiter
+// key deleted with no grant (a wait given up) delays the next waiter by as
+// much.
+const grantLag = time.Second
 
 // dropWaiter deletes waiter key (a no-op once a reservation removed it).
 // When the cluster does not answer, it tries again each second in the

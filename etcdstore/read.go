@@ -162,7 +162,7 @@ func (s *Store) lookupOnce(ctx context.Context, id string) (found byID, again bo
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if k := s.known[id]; k != nil {
+	if k := s.known[id]; k != nil && !k.recorded {
 		// Its etcd lease expired and no history is written yet.
 		l := k.last
 		l.Status, l.ExpiresAt = leasecore.StatusAbandoned, time.Time{}
@@ -223,7 +223,9 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 	cctx, done := s.call(ctx)
 	resp, err := s.readTxn(cctx,
 		clientv3.OpGet(s.k.live(resource)),
-		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		// The keys, not a count: the store follows the name from this
+		// read (see [Store.observe]).
+		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(s.k.ns(resource)),
 	)
 	done()
@@ -244,23 +246,24 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 		s.mu.Unlock()
 		return &ns, nil, nil
 	}
-	waiters := resp.Responses[1].GetResponseRange().Count
+	waiterKVs := resp.Responses[1].GetResponseRange().Kvs
+	waiters := int64(len(waiterKVs))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.waiting[resource] = int(waiters)
-	if s.waiting[resource] == 0 {
-		delete(s.waiting, resource)
-	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
-		s.dropLive(resource, resp.Header.Revision+1)
+		// A free name: followed only while this store follows it anyway
+		// (a create that follows reserves, and follows it then).
+		if s.follows[resource] != nil {
+			s.observe(resource, resp.Header.Revision, nil, waiterKVs)
+		}
 		return nil, nil, nil
 	}
 	r, err := s.decode(kvs[0], true)
 	if err != nil {
 		return nil, nil, nil
 	}
-	s.learnLive(r, resp.Header.Revision)
+	s.observe(resource, resp.Header.Revision, r, waiterKVs)
 	if r = s.fresher(r, resp.Header.Revision); r == nil {
 		return nil, nil, nil // ended after the read
 	}
@@ -287,7 +290,7 @@ func (s *Store) ownHandleOf(resource string) *leasecore.Lease {
 	if k := s.known[r.l.ID]; k != nil && k.lost {
 		return nil
 	}
-	l := s.snapshot(r, int64(s.waiting[resource]))
+	l := s.snapshot(r, s.waitersOf(resource))
 	if !l.Live() {
 		return nil
 	}
@@ -313,7 +316,7 @@ func (s *Store) Load(ctx context.Context, id string) (leasecore.Lease, error) {
 	if r := s.current(id); r != nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.snapshot(r, int64(s.waiting[r.l.Resource])), nil
+		return s.snapshot(r, s.waitersOf(r.l.Resource)), nil
 	}
 	found, err := s.lookup(ctx, id)
 	if err != nil {

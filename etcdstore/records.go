@@ -121,27 +121,32 @@ func (s *Store) decodeExtra(r *rec) {
 }
 
 // learnLive records r, which a call answered at revision at read or
-// wrote, as the live lease of its resource ([Store.setLive]), unless the
-// watch has already shown a change after at: the watch's view then holds
-// r or what followed it, and r, whose end the watch may already have
-// applied, would bring back a lease that is gone, in the way of every
-// waiter of the name for as long as the daemon runs. The caller holds mu.
+// wrote, as the live lease of its resource ([Store.setLive]), if the store
+// follows the name and its watch has not already shown a change after at:
+// the watch's view then holds r or what followed it, and r, whose end the
+// watch may already have applied, would bring back a lease that is gone,
+// in the way of every waiter of the name for as long as the daemon runs.
+// A name the store does not follow is not recorded: no watch would keep
+// it fresh (see [Store.observe]). The caller holds mu.
 func (s *Store) learnLive(r *rec, at int64) {
-	if s.watched > at {
+	f := s.follows[r.l.Resource]
+	if f == nil || f.liveSeen > at {
 		return
 	}
+	f.touched = time.Now()
 	s.setLive(r)
 }
 
 // fresher returns what a read should show for r, which a call answered
-// at revision at: r itself while the watch has shown nothing after at;
-// else the view's record of the same lease, or nil when the view no longer
-// holds it (it ended after the read, as the watch has shown). A record the
-// view has let go must not be judged again: its heartbeat would count as
-// first seen now (docs/PROTOCOL.md §5 rule 1, on this store's clock), and
-// an expired lease would show live. The caller holds mu.
+// at revision at: r itself unless the store follows the name and its
+// watch has shown a change after at; else the view's record of the same
+// lease, or nil when the view no longer holds it (it ended after the
+// read, as the watch has shown). A record the view has let go must not be
+// judged again: its heartbeat would count as first seen now
+// (docs/PROTOCOL.md §5 rule 1, on this store's clock), and an expired
+// lease would show live. The caller holds mu.
 func (s *Store) fresher(r *rec, at int64) *rec {
-	if s.watched <= at {
+	if f := s.follows[r.l.Resource]; f == nil || f.liveSeen <= at {
 		return r
 	}
 	if cur := s.live[r.l.Resource]; cur != nil && cur.l.ID == r.l.ID {
@@ -156,14 +161,10 @@ func (s *Store) fresher(r *rec, at int64) *rec {
 // so that a read through an open descriptor can answer from what the
 // daemon has learned (docs/PROTOCOL.md §3, §8a). The caller holds mu.
 func (s *Store) setLive(r *rec) {
-	if cur := s.live[r.l.Resource]; cur != nil {
-		if cur.kv.ModRevision > r.kv.ModRevision {
-			return
-		}
-		s.perUID[cur.l.HolderUID]--
+	if cur := s.live[r.l.Resource]; cur != nil && cur.kv.ModRevision > r.kv.ModRevision {
+		return
 	}
 	s.live[r.l.Resource] = r
-	s.perUID[r.l.HolderUID]++
 	s.remember(r)
 }
 
@@ -173,9 +174,6 @@ func (s *Store) setLive(r *rec) {
 func (s *Store) dropLive(resource string, rev int64) {
 	if cur := s.live[resource]; cur != nil && cur.kv.ModRevision < rev {
 		delete(s.live, resource)
-		if s.perUID[cur.l.HolderUID]--; s.perUID[cur.l.HolderUID] <= 0 {
-			delete(s.perUID, cur.l.HolderUID)
-		}
 	}
 }
 
@@ -200,8 +198,15 @@ func (s *Store) remember(r *rec) {
 // clock drift: see docs/PROTOCOL.md §8a), and rules 2 and 3 only for
 // leases recorded by this host. The caller holds mu.
 func (s *Store) deadReason(r *rec) string {
-	s.remember(r)
 	k := s.known[r.l.ID]
+	if k != nil || s.follows[r.l.Resource] != nil {
+		s.remember(r)
+		k = s.known[r.l.ID]
+	} else {
+		// A lease of a name the store does not follow (a listing): judged
+		// as first seen now, and not remembered.
+		k = &known{resource: r.l.Resource, last: r.l, hb: r.l.HeartbeatAt, hbMono: s.opts.Clock.Mono()}
+	}
 	switch {
 	case k.lost:
 		return "keep-alive lost"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -36,22 +37,101 @@ func (s *Store) Reserve(ctx context.Context, d leasecore.Draft) (leasecore.Grant
 	return s.reserve(ctx, d, "", 0)
 }
 
-// quotaFull reports whether uid holds MaxLeasesPerUID live leases, as this
-// store last saw them (docs/PROTOCOL.md §7): the quota may be exceeded by
-// the reservations in flight on other mounts at that moment, and
-// concurrent reservations of one uid never fail each other. The caller
-// holds mu.
-func (s *Store) quotaFull(uid uint32) (int, bool) {
-	if s.perUID[uid] < s.opts.MaxLeasesPerUID {
-		return s.perUID[uid], false
+// The per-uid quota of docs/PROTOCOL.md §7 is counted in the cluster: a
+// reservation puts a holder key PREFIX/holders/<uid>/<resource> on the
+// lease's etcd lease, and reads the uid's holder keys (a count) in the same
+// transaction; one that brings the count over MaxLeasesPerUID is taken
+// back at once ([Store.takeBack]) and refused. Renewals and binds move the
+// key with the lease, ends delete it, an expiry takes it with the etcd
+// lease. So the quota is exact across mounts, and concurrent reservations
+// of one uid never fail each other below it.
+
+// quotaHint is how long after a reservation of a uid was refused for its
+// quota the next ones read the uid's count before they reserve, so that a
+// caller retrying over its quota costs the cluster no writes.
+const quotaHint = time.Second
+
+// quotaFull reports, for a uid refused for its quota within quotaHint,
+// whether it still holds MaxLeasesPerUID live leases: one read. Others
+// are not read (false).
+func (s *Store) quotaFull(ctx context.Context, uid uint32) (int64, bool, error) {
+	s.mu.Lock()
+	at, ok := s.quotaFullAt[uid]
+	if ok && time.Since(at) >= quotaHint {
+		delete(s.quotaFullAt, uid)
+		ok = false
 	}
-	n := 0
+	s.mu.Unlock()
+	if !ok {
+		return 0, false, nil
+	}
+	cctx, done := s.call(ctx)
+	resp, err := s.cli.Get(cctx, s.k.holders(uid), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	done()
+	if err != nil {
+		return 0, false, s.unreachable(ctx, "read", s.k.holders(uid), err, false)
+	}
+	return resp.Count, resp.Count >= int64(s.opts.MaxLeasesPerUID), nil
+}
+
+// endDeadOf ends the leases of uid that this store's view holds and its
+// liveness rules have dead (the reaper's work, done at once when they
+// would count against uid's quota) and returns how many it ended. A dead
+// lease of a name this store does not follow counts until its own daemon
+// ends it or its bucket expires.
+func (s *Store) endDeadOf(ctx context.Context, uid uint32) int {
+	s.mu.Lock()
+	var dead []*rec
 	for _, r := range s.live {
-		if r.l.HolderUID == uid && s.deadReason(r) == "" {
+		if r.l.HolderUID == uid && s.deadReason(r) != "" {
+			dead = append(dead, r)
+		}
+	}
+	s.mu.Unlock()
+	n := 0
+	for _, r := range dead {
+		if _, err := s.end(ctx, r, r.l, leasecore.StatusAbandoned, chExpired); err == nil {
 			n++
 		}
 	}
-	return n, n >= s.opts.MaxLeasesPerUID
+	if n > 0 {
+		s.mu.Lock()
+		delete(s.quotaFullAt, uid)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// takeBack deletes lease r, which this store has just reserved at revision
+// r.kv.ModRevision, with no history record: a reservation over its uid's
+// quota. Its end is not published (its reservation was not).
+func (s *Store) takeBack(ctx context.Context, r *rec) {
+	s.mu.Lock()
+	if k := s.known[r.l.ID]; k != nil {
+		k.published, k.recorded = true, true
+	}
+	s.mu.Unlock()
+	s.writeBegin(r.l.Resource)
+	live := s.k.live(r.l.Resource)
+	cctx, done := s.call(ctx)
+	resp, err := s.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(live), "=", r.kv.ModRevision)).Then(
+		clientv3.OpDelete(live), clientv3.OpDelete(s.k.id(r.l.ID)), clientv3.OpDelete(s.k.holder(r.l.HolderUID, r.l.Resource)),
+	).Commit()
+	done()
+	s.mu.Lock()
+	var made int64
+	if err == nil && resp.Succeeded {
+		made = resp.Header.Revision
+		s.dropLive(r.l.Resource, made)
+		s.sawLive(r.l.Resource, made)
+		delete(s.known, r.l.ID)
+	}
+	s.writeEnd(r.l.Resource, made)
+	s.mu.Unlock()
+	if err != nil {
+		// Unknown whether it applied: end it once the cluster answers.
+		s.removeLater(r.l)
+	}
 }
 
 // reserve is Reserve; with waiterKey set (created at waiterRev) the
@@ -60,14 +140,14 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 	parent := leasecore.ParentOf(d.Resource)
 	var handOver time.Time // until when a hand-over of the name is awaited
 	for range maxRetries {
-		s.mu.Lock()
-		count, full := s.quotaFull(d.HolderUID)
-		s.mu.Unlock()
-		if full {
+		count, full, err := s.quotaFull(ctx, d.HolderUID)
+		if err != nil {
+			return leasecore.Grant{}, err
+		}
+		if full && s.endDeadOf(ctx, d.HolderUID) == 0 {
 			return leasecore.Grant{}, fmt.Errorf("%w: uid %d holds %d live leases", leasecore.ErrQuota, d.HolderUID, count)
 		}
 		var lid clientv3.LeaseID
-		var err error
 		if d.Mode == leasecore.ModeHandle {
 			if lid, err = s.handleSession(); err != nil {
 				return leasecore.Grant{}, s.unreachable(ctx, "keep-alive", s.k.live(d.Resource), err, false)
@@ -104,13 +184,15 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		then := []clientv3.Op{
 			clientv3.OpPut(s.k.live(d.Resource), value, clientv3.WithLease(lid)),
 			clientv3.OpPut(s.k.id(l.ID), d.Resource, clientv3.WithLease(lid)),
+			clientv3.OpPut(s.k.holder(d.HolderUID, d.Resource), l.ID, clientv3.WithLease(lid)),
+			clientv3.OpGet(s.k.holders(d.HolderUID), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		}
 		if waiterKey == "" {
 			// No waiter queues: a free name with waiters is being handed
 			// to the head of its queue, which no other request may pass
 			// (docs/PROTOCOL.md §8a, "Hand-over").
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.k.waiters(d.Resource)), "=", 0).WithPrefix())
-			orElse = append(orElse, clientv3.OpGet(s.k.waiters(d.Resource), append(clientv3.WithLastCreate(), clientv3.WithKeysOnly())...))
+			orElse = append(orElse, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
 		} else {
 			// The waiter still queues and no waiter of the name is older.
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(waiterKey), "=", waiterRev),
@@ -119,11 +201,28 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			orElse = append(orElse, clientv3.OpGet(waiterKey, clientv3.WithCountOnly()),
 				clientv3.OpGet(s.k.waiters(d.Resource), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
 		}
-		then = append(then, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		// The name's waiter keys, from which the store follows the name
+		// (see [Store.observe]).
+		then = append(then, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		s.writeBegin(d.Resource)
 		cctx, done := s.call(ctx)
 		start := time.Now()
 		tresp, err := s.cli.Txn(cctx).If(conds...).Then(then...).Else(orElse...).Commit()
 		done()
+		var made int64 // the reservation's revision, once it is applied to the view
+		if err == nil && tresp.Succeeded {
+			made = tresp.Header.Revision
+		}
+		// Until the reservation is in the view (and its event published,
+		// unless it is taken back), the name's watch waits.
+		endWrite := sync.OnceFunc(func() {
+			s.mu.Lock()
+			s.writeEnd(d.Resource, made)
+			s.mu.Unlock()
+		})
+		if err != nil || !tresp.Succeeded {
+			endWrite()
+		}
 		if err != nil {
 			if isLeaseGone(err) {
 				s.forgetLease(lid)
@@ -148,9 +247,13 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 					return leasecore.Grant{}, &leasecore.LeaseHeldError{Holder: leasecore.Lease{Resource: d.Resource, Status: leasecore.StatusActive}}
 				}
 				s.mu.Lock()
-				s.learnLive(r, tresp.Header.Revision)
+				if waiterKey == "" {
+					s.observe(d.Resource, tresp.Header.Revision, r, rs[len(rs)-1].GetResponseRange().Kvs)
+				} else {
+					s.learnLive(r, tresp.Header.Revision)
+				}
 				dead := s.deadReason(r)
-				held := s.snapshot(r, int64(s.waiting[d.Resource]))
+				held := s.snapshot(r, s.waitersOf(d.Resource))
 				s.mu.Unlock()
 				if dead == "" {
 					return leasecore.Grant{}, &leasecore.LeaseHeldError{Holder: held}
@@ -173,13 +276,16 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 				i++
 			}
 			if waiterKey == "" {
-				if last := rs[i].GetResponseRange().Kvs; len(last) > 0 {
+				if waiters := rs[i].GetResponseRange().Kvs; len(waiters) > 0 {
 					// Free, and handed to the head of its queue: wait for
 					// the head's grant, then answer as a held name does.
+					s.mu.Lock()
+					s.observe(d.Resource, tresp.Header.Revision, nil, waiters)
+					s.mu.Unlock()
 					if handOver.IsZero() {
 						handOver = time.Now().Add(s.opts.SessionTTL + time.Second)
 					}
-					s.awaitHandOver(d.Resource, last[0].CreateRevision, handOver)
+					s.awaitHandOver(d.Resource, tresp.Header.Revision, handOver)
 				}
 				continue
 			}
@@ -202,12 +308,27 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		l.Generation = uint64(rev)
 		r := &rec{l: l, hash: hash, change: chReserved, daemon: s.opts.DaemonID, duration: s.opts.LeaseDuration,
 			kv: &mvccpb.KeyValue{Key: []byte(s.k.live(d.Resource)), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Lease: int64(lid)}}
+		waiters := tresp.Responses[len(tresp.Responses)-1].GetResponseRange().Kvs
+		if held := tresp.Responses[3].GetResponseRange().Count; held > int64(s.opts.MaxLeasesPerUID) {
+			s.mu.Lock()
+			s.observe(d.Resource, rev, r, waiters)
+			s.quotaFullAt[d.HolderUID] = time.Now()
+			s.mu.Unlock()
+			endWrite()
+			s.takeBack(context.WithoutCancel(ctx), r)
+			if s.endDeadOf(ctx, d.HolderUID) > 0 {
+				continue // dead leases do not count (docs/PROTOCOL.md §7)
+			}
+			return leasecore.Grant{}, fmt.Errorf("%w: uid %d holds %d live leases", leasecore.ErrQuota, d.HolderUID, held-1)
+		}
 		s.mu.Lock()
-		s.learnLive(r, rev)
-		waiters := tresp.Responses[len(tresp.Responses)-1].GetResponseRange().Count
 		s.fill(&l, s.opts.LeaseDuration)
-		l.Waiters = int(waiters)
+		l.Waiters = len(waiters)
+		s.observe(d.Resource, rev, r, waiters)
+		s.sawLive(d.Resource, rev)
+		s.feed.Publish(rev, leasecore.Event{Kind: leasecore.EventReserved, Change: leasecore.ChangeReserved, Lease: l})
 		s.mu.Unlock()
+		endWrite()
 		if l.Mode == leasecore.ModeHandle {
 			s.keepAlive(l.ID)
 		}
@@ -216,19 +337,24 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 	return leasecore.Grant{}, s.tooBusy(s.k.live(d.Resource))
 }
 
-// awaitHandOver waits until the store's view, once its watch has shown
-// the newest waiter key that a reservation found queuing for resource
-// (created at revision at), shows resource held or no waiter queuing for
-// it, at the latest until deadline: the waiter
+// awaitHandOver waits until the store's view of resource, exact at least
+// up to revision at (when a reservation found it free with waiters),
+// shows resource held or no waiter queuing for it, at the latest until
+// deadline: the waiter
 // session's TTL after the wait began, by which the key of a head whose
 // daemon is gone has left the queue. The wait is not cut short by the
 // caller's context: a reservation runs to its answer (docs/PROTOCOL.md
 // §8a, "Interrupts").
 func (s *Store) awaitHandOver(resource string, at int64, deadline time.Time) {
+	defer s.pin(resource)()
 	for {
 		changed := s.changedChan(resource)
 		s.mu.Lock()
-		settled := s.watched >= at && (s.live[resource] != nil || len(s.queue[resource]) == 0)
+		f := s.follows[resource]
+		settled := f == nil || f.queueAt >= at && (s.live[resource] != nil || len(s.queue[resource]) == 0)
+		if f != nil {
+			f.touched = time.Now()
+		}
 		s.mu.Unlock()
 		left := time.Until(deadline)
 		if settled || left <= 0 {

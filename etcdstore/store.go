@@ -37,6 +37,7 @@ import (
 	"context"
 	"crypto/tls"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -98,6 +99,12 @@ type Options struct {
 	// Username and Password authenticate to the cluster when Username is
 	// set.
 	Username, Password string
+	// KernelKnows, when set, reports whether the kernel of this daemon's
+	// mount knows resource (an inode of it is in the mount's tree): the
+	// store follows such a name, so that an end elsewhere reaches the
+	// mount (docs/PROTOCOL.md §6a, §8a). It is called without the store's
+	// locks held and must not call the store.
+	KernelKnows func(resource string) bool
 	// DialOptions are added to the gRPC options of the store's cluster
 	// client: for example interceptors that count the calls each system
 	// call costs (docs/ARCHITECTURE.md, "What a system call costs").
@@ -122,27 +129,45 @@ type Store struct {
 
 	session clientv3.LeaseID // of waiter keys; 0 for a read-only store
 
+	// heard counts the changes of live and waiter keys the store's
+	// watches delivered (tests: an idle daemon hears nothing).
+	heard atomic.Int64
+
 	// mu guards the fields below. Lock order and rules: mu is never held
 	// across a cluster call, a log write or a wait; the feed's locks are
 	// taken after it, never before; no other lock of this package is
 	// taken under it (docs/ARCHITECTURE.md, "Locks and their order").
 	mu      sync.Mutex
 	closed  bool
-	closing bool               // Close has begun: the session is not granted again
-	rev     int64              // highest revision seen
-	known   map[string]*known  // lease id → what this store knows of it
-	live    map[string]*rec    // resource → live lease, as the watch last showed it (a call's answer only until the watch shows a later change: [Store.learnLive])
+	closing bool              // Close has begun: the session is not granted again
+	rev     int64             // highest revision seen
+	known   map[string]*known // lease id → what this store knows of it
+	// follows: resource → this store's interest in the name and its
+	// watch (follow.go); live and queue hold followed names only, so a
+	// daemon's view, and what it hears, is the names it must act on
+	// (docs/PROTOCOL.md §8a, "Changes from other mounts").
+	follows map[string]*follow
+	live    map[string]*rec    // resource → live lease, as the name's watch last showed it (a call's answer only until the watch shows a later change: [Store.learnLive])
 	handles map[string]*handle // lease id → a handle lease this store keeps alive on hs
 	hs      hsession           // the etcd lease of this store's handle leases
 	bucket  bucket             // the etcd lease of the token leases reserved or renewed now
-	waiting map[string]int     // resource → waiter keys, as the watch or a read last counted them
-	// queue: resource → waiter key → its create revision, as the watch
-	// showed them up to revision watched (and the store's own Puts and
-	// reads added, see [Store.learnWaiter]); a waiter's daemon decides from it alone whether its
-	// waiter is at the head (see [Store.acquireOnce]).
-	queue   map[string]map[string]int64
-	watched int64          // the watch (or start's read) has shown every change up to this revision
-	perUID  map[uint32]int // uid → leases in live, for the quota of docs/PROTOCOL.md §7
+	// queue: resource → waiter key → its create revision, from a read of
+	// the name's waiter keys and its watch since (see [follow]); a
+	// waiter's daemon decides from it alone whether its waiter is at the
+	// head (see [Store.acquireOnce]).
+	queue  map[string]map[string]int64
+	pinned map[string]int // resource → calls of this store waiting on its changes (see [Store.pin])
+	// writing: resource → changes of this store to its live key in
+	// flight; writeIdle: closed when that drops to 0; own: resource →
+	// revisions of this store's changes whose events it published itself
+	// (see [Store.writeBegin]).
+	writing   map[string]int
+	writeIdle map[string]chan struct{}
+	own       map[string][]int64
+	// quotaFullAt: uid → when a reservation of uid was last refused for
+	// its quota; its next ones within quotaHint read the count first
+	// (see [Store.quotaFull]).
+	quotaFullAt map[uint32]time.Time
 	// nss: path → a namespace this store has learned exists (a read, its
 	// own mkdir, the watch), until the watch shows it removed; lookups
 	// and directory attributes answer from it with no round trip
@@ -180,6 +205,14 @@ type known struct {
 	// local deadline (see [Store.keepAlive]); the lease ended for this
 	// store (published), even if the cluster cannot yet be told.
 	lost bool
+	// published: the lease's end is published (by [Store.end] or
+	// [Store.endedElsewhere]); goneAt: when its live key went, after
+	// which it is forgotten (see [knownKeep]).
+	published bool
+	// recorded: this store wrote the lease's history record (its end's
+	// transaction), which answers for it from then on.
+	recorded bool
+	goneAt   time.Time
 }
 
 // handle is one handle lease that this store keeps alive on its handle

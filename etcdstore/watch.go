@@ -13,9 +13,10 @@ import (
 
 // Watch returns the change feed: every event of kinds (every event when
 // none is given) from now on, in order, until ctx is done or the store
-// closes; see [leasecore.Store.Watch]. Events
-// of every mount of the store come from one etcd watch of the prefix, in
-// revision order; the end of a handle lease whose keep-alive this store
+// closes; see [leasecore.Store.Watch]. Events come from the watches of the
+// names this store follows (follow.go: its own leases and waiters, the
+// names its mount's kernel knows), in revision order for each name, and
+// from its own ends; the end of a handle lease whose keep-alive this store
 // lost is published by this store alone.
 func (s *Store) Watch(ctx context.Context, kinds ...leasecore.EventKind) <-chan leasecore.Event {
 	s.mu.Lock()
@@ -24,28 +25,40 @@ func (s *Store) Watch(ctx context.Context, kinds ...leasecore.EventKind) <-chan 
 	return s.feed.Subscribe(ctx, from, kinds...)
 }
 
-// watch follows the prefix from revision from+1 until the store closes,
-// turning changes into events.
-func (s *Store) watch(from int64) {
+// watchNamespaces follows the namespace keys from revision from+1 until
+// the store closes, keeping the store's view of namespaces (see
+// [Store.learnNS]). Namespaces change rarely (mkdir, rmdir), so every
+// daemon hears every such change. After a compaction past the watch the
+// view is dropped and learned again.
+func (s *Store) watchNamespaces(from int64) {
 	for s.bg.Err() == nil {
-		wch := s.cli.Watch(clientv3.WithRequireLeader(s.bg), string(s.k),
-			clientv3.WithPrefix(), clientv3.WithRev(from+1), clientv3.WithPrevKV())
+		wch := s.cli.Watch(clientv3.WithRequireLeader(s.bg), s.k.nsPrefix(""),
+			clientv3.WithPrefix(), clientv3.WithRev(from+1))
 		for resp := range wch {
 			if resp.CompactRevision != 0 {
-				s.opts.Logger.Warn("etcd compacted past the watch; changes in between are not reported",
+				s.opts.Logger.Warn("etcd compacted past the watch of namespaces; they are read again as they are looked up",
 					"from", from, "compacted", resp.CompactRevision)
 				from = resp.CompactRevision - 1
-				s.reloadQueue()
+				s.mu.Lock()
+				s.forgetNamespaces(from)
+				s.mu.Unlock()
 				break
 			}
 			if err := resp.Err(); err != nil {
 				s.opts.Logger.Debug("etcd watch interrupted", "err", err)
 				break
 			}
-			s.apply(resp.Events)
-			if n := len(resp.Events); n > 0 {
-				from = resp.Events[n-1].Kv.ModRevision
+			s.mu.Lock()
+			for _, ev := range resp.Events {
+				_, path := s.k.classify(string(ev.Kv.Key))
+				if ev.Type == mvccpb.PUT {
+					s.learnNS(decodeNS(path, ev.Kv.Value), ev.Kv.ModRevision)
+				} else {
+					s.nsRemoved(path, ev.Kv.ModRevision)
+				}
+				from = ev.Kv.ModRevision
 			}
+			s.mu.Unlock()
 		}
 		select {
 		case <-s.bg.Done():
@@ -54,160 +67,74 @@ func (s *Store) watch(from int64) {
 	}
 }
 
-// reloadQueue reads every waiter key again, for a watch that missed
-// changes (etcd compacted past it): the store's view of the queue decides
-// which waiter reserves (see [Store.acquireOnce]).
-func (s *Store) reloadQueue() {
-	ctx, done := s.call(background(s.bg))
-	defer done()
-	resp, err := s.cli.Get(ctx, s.k.waitersAll(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		s.opts.Logger.Warn("reading the waiter keys again failed", "err", err)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.forgetNamespaces(resp.Header.Revision)
-	s.queue, s.waiting = make(map[string]map[string]int64), make(map[string]int)
-	for _, kv := range resp.Kvs {
-		_, resource := s.k.classify(string(kv.Key))
-		s.waiting[resource]++
-		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
-	}
-	for resource := range s.changed {
-		if ch := s.changed[resource]; ch != nil {
-			close(ch)
-			delete(s.changed, resource)
-		}
-	}
-}
-
-// apply turns the events of one watch response into leasecore events. The
-// end of a lease and its history record are written by one transaction,
-// so they arrive together; a live key deleted without one expired by its
-// etcd lease's TTL.
-func (s *Store) apply(evs []*clientv3.Event) {
-	hist := make(map[int64]map[string]*rec) // revision → lease id → history record
-	for _, ev := range evs {
-		if kind, _ := s.k.classify(string(ev.Kv.Key)); kind == "history" && ev.Type == mvccpb.PUT {
-			if r, err := s.decode(ev.Kv, false); err == nil {
-				if hist[ev.Kv.ModRevision] == nil {
-					hist[ev.Kv.ModRevision] = make(map[string]*rec)
-				}
-				hist[ev.Kv.ModRevision][r.l.ID] = r
-			}
-		}
-	}
+// applyLive turns the changes of resource's live key that its watch
+// showed into events and the store's view. A change this store made
+// itself is only applied: its call published it ([Store.writeBegin]). A
+// delete by anyone else is an end elsewhere ([Store.endedElsewhere]).
+func (s *Store) applyLive(resource string, evs []*clientv3.Event) {
 	for _, ev := range evs {
 		rev := ev.Kv.ModRevision
-		kind, resource := s.k.classify(string(ev.Kv.Key))
-		if kind != "waiters" {
-			s.mu.Lock()
-			s.watched = max(s.watched, rev)
-			s.mu.Unlock()
+		s.mu.Lock()
+		if f := s.follows[resource]; f != nil {
+			f.liveSeen = max(f.liveSeen, rev)
 		}
-		switch kind {
-		case "ns":
-			s.mu.Lock()
+		s.rev = max(s.rev, rev)
+		mine := s.isOwn(resource, rev)
+		s.mu.Unlock()
+		if mine {
 			if ev.Type == mvccpb.PUT {
-				s.learnNS(decodeNS(resource, ev.Kv.Value), rev)
-			} else {
-				s.nsRemoved(resource, rev)
-			}
-			s.mu.Unlock()
-		case "waiters":
-			s.mu.Lock()
-			switch {
-			case ev.Type == mvccpb.PUT && ev.IsCreate():
-				s.waiting[resource]++
-				s.enqueue(resource, string(ev.Kv.Key), ev.Kv.CreateRevision)
-			case ev.Type == mvccpb.DELETE:
-				if s.waiting[resource]--; s.waiting[resource] <= 0 {
-					delete(s.waiting, resource)
-				}
-				s.dequeue(resource, string(ev.Kv.Key))
-			}
-			s.watched = max(s.watched, rev)
-			s.mu.Unlock()
-			s.notify(resource)
-		case "history":
-			if ev.Type == mvccpb.PUT {
-				if r := hist[rev]; r != nil {
+				if r, err := s.decode(ev.Kv, true); err == nil {
 					s.mu.Lock()
-					for id := range r {
-						delete(s.known, id) // its history answers for it now
-					}
+					s.setLive(r)
 					s.mu.Unlock()
 				}
-			}
-		case "live":
-			if ev.Type == mvccpb.PUT {
-				r, err := s.decode(ev.Kv, true)
-				if err != nil {
-					continue
-				}
-				e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[r.change]}
-				if ev.IsCreate() {
-					e.Kind, e.Change = leasecore.EventReserved, leasecore.ChangeReserved
-				}
-				if e.Change == 0 {
-					e.Change = leasecore.ChangeRenewed
-				}
-				s.mu.Lock()
-				s.setLive(r)
-				e.Lease = r.l
-				s.fill(&e.Lease, s.durationOf(r))
-				s.rev = max(s.rev, rev)
-				s.feed.Publish(rev, e)
-				s.mu.Unlock()
-				s.notify(resource)
-				continue
-			}
-			if ev.PrevKv == nil {
-				continue
-			}
-			// The store's view holds the version the delete removed
-			// when the watch or a call showed it: no decode then.
-			s.mu.Lock()
-			prev := s.live[resource]
-			s.mu.Unlock()
-			if prev == nil || prev.kv.ModRevision != ev.PrevKv.ModRevision {
-				var err error
-				if prev, err = s.decode(ev.PrevKv, true); err != nil {
-					continue
-				}
-			}
-			e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
-			h := hist[rev][prev.l.ID]
-			if h != nil {
-				e.Lease = h.l
-				if c := changeOf[h.change]; c != 0 {
-					e.Change = c
-				}
 			} else {
-				e.Lease = prev.l
-				e.Lease.Status = leasecore.StatusAbandoned
-				e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
-				e.Lease.ExpiresAt = time.Time{}
-				if !s.opts.ReadOnly {
-					s.writeExpired(prev, e.Lease)
-				}
+				s.mu.Lock()
+				s.dropLive(resource, rev)
+				s.mu.Unlock()
+			}
+			s.notify(resource)
+			continue
+		}
+		if ev.Type == mvccpb.PUT {
+			r, err := s.decode(ev.Kv, true)
+			if err != nil {
+				continue
+			}
+			e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[r.change]}
+			if ev.IsCreate() {
+				e.Kind, e.Change = leasecore.EventReserved, leasecore.ChangeReserved
+			}
+			if e.Change == 0 {
+				e.Change = leasecore.ChangeRenewed
 			}
 			s.mu.Lock()
-			s.dropLive(resource, rev)
-			k := s.known[prev.l.ID]
-			published := k != nil && k.lost
-			if h == nil && k != nil {
-				k.last = e.Lease
-			}
-			s.rev = max(s.rev, rev)
-			if !published {
-				s.feed.Publish(rev, e)
-			}
+			s.setLive(r)
+			e.Lease = r.l
+			s.fill(&e.Lease, s.durationOf(r))
+			s.feed.Publish(rev, e)
 			s.mu.Unlock()
-			s.stopKeepAlive(prev.l.ID)
 			s.notify(resource)
+			continue
 		}
+		if ev.PrevKv == nil {
+			continue
+		}
+		// The store's view holds the version the delete removed
+		// when the watch or a call showed it: no decode then.
+		s.mu.Lock()
+		prev := s.live[resource]
+		s.mu.Unlock()
+		if prev == nil || prev.kv.ModRevision != ev.PrevKv.ModRevision {
+			var err error
+			if prev, err = s.decode(ev.PrevKv, true); err != nil {
+				continue
+			}
+		}
+		s.mu.Lock()
+		s.dropLive(resource, rev)
+		s.mu.Unlock()
+		s.endedElsewhere(resource, prev, rev)
 	}
 }
 

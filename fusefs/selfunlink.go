@@ -207,8 +207,14 @@ func (f *FS) unlinkThrough(mountpoint string, dev uint64, l leasecore.Lease) sys
 // waiter whose open file is of the lease before): only then is there an
 // entry to remove and an event to raise ("flat in the number of mounts": a
 // mount that never looked the name up pays nothing).
-func (f *FS) kernelKnows(l leasecore.Lease) bool {
-	_, _, child := f.treeEntry(l.Resource)
+func (f *FS) kernelKnows(l leasecore.Lease) bool { return f.KernelKnows(l.Resource) }
+
+// KernelKnows reports whether the kernel knows a lease inode named
+// resource: one is in the mount's tree (go-fuse drops it when the kernel
+// forgets it). An etcd store follows such names (docs/PROTOCOL.md §8a).
+// Safe for concurrent use; it takes only go-fuse's tree locks.
+func (f *FS) KernelKnows(resource string) bool {
+	_, _, child := f.treeEntry(resource)
 	if child == nil {
 		return false
 	}

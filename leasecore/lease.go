@@ -258,8 +258,12 @@ type Store interface {
 	// *PersistError.
 	Rmdir(ctx context.Context, path string) error
 	// Watch returns the change feed: every [Event] from now on whose kind
-	// is one of kinds (every event when none is given), in order, until
-	// ctx is done or the store closes, when the channel is closed. Events
+	// is one of kinds (every event when none is given), in order for each
+	// resource, until ctx is done or the store closes, when the channel
+	// is closed. (The file store keeps one order for all; the etcd store
+	// hears each name it follows on a watch of its own, so events of
+	// different names may interleave otherwise, and it reports only the
+	// names it follows: docs/PROTOCOL.md §8a.) Events
 	// are queued without bound for each watcher, so a slow watcher delays
 	// nobody and misses nothing; an event of a kind not asked for is not
 	// queued and does not wake the watcher (a renew, the commonest change,

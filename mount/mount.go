@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -131,6 +132,11 @@ type StoreHooks struct {
 	// still hold the open file of a previous daemon's handle lease
 	// (docs/PROTOCOL.md §2, "Handle leases across restarts").
 	HandleHolders func(leasecore.Lease) []int
+	// KernelKnows reports whether the kernel of this mount knows resource
+	// (an inode of it is in the mount's tree); false until the mount
+	// serves. The etcd store follows such names (etcdstore.Options).
+	// Safe for concurrent use; it takes no lock of the store.
+	KernelKnows func(resource string) bool
 }
 
 // DefaultStateDir returns the embedded default state directory
@@ -260,7 +266,12 @@ func Run(ctx context.Context, opts Options) error {
 	// Before the store opens: which handle leases of previous daemons
 	// still have their open file (docs/PROTOCOL.md §2).
 	survivors := scanSurvivors(state, opts.AllowOther, log, 0)
-	store, err := openStore(ctx, log, StoreHooks{OnCommit: mtr.onCommit(), HandleHolders: survivors.holders})
+	var tree atomic.Pointer[fusefs.FS] // the tree KernelKnows asks, once it exists
+	kernelKnows := func(resource string) bool {
+		f := tree.Load()
+		return f != nil && f.KernelKnows(resource)
+	}
+	store, err := openStore(ctx, log, StoreHooks{OnCommit: mtr.onCommit(), HandleHolders: survivors.holders, KernelKnows: kernelKnows})
 	if err != nil {
 		return fmt.Errorf("mount: cannot open the lease store%s: %w", where, err)
 	}
@@ -277,6 +288,7 @@ func Run(ctx context.Context, opts Options) error {
 	fsOpts := fusefs.Options{Logger: log}
 	mtr.instrument(store, &fsOpts)
 	lfs := fusefs.New(store, fsOpts)
+	tree.Store(lfs)
 	root := os.Geteuid() == 0
 	mo := fuse.MountOptions{
 		// The source is the state directory: findmnt names the store

@@ -160,6 +160,7 @@ func etcdOpener(spec *etcdSpec, sf *storeFlags, opts *mount.Options, grace time.
 		o := eo
 		o.LeaseDuration, o.HistoryKeep, o.MaxLeasesPerUID = opts.LeaseDuration, opts.HistoryKeep, opts.MaxLeasesPerUID
 		o.Logger, o.OnCommit, o.HandleHolders = log, hooks.OnCommit, hooks.HandleHolders
+		o.KernelKnows = hooks.KernelKnows
 		o.Host, o.DaemonID = daemonIdentity(state)
 		o.Grace = grace
 		o.OnJeopardy = func(n int) { writeJeopardy(log, state, n) }

@@ -1,0 +1,512 @@
+package etcdstore
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefs/leasefs/leasecore"
+)
+
+// A store follows only the names it must act on (docs/PROTOCOL.md §8a,
+// "Changes from other mounts"): its own leases, its own waiters' names,
+// and the names its mount's kernel knows ([Options.KernelKnows]). Each
+// followed name has a watch of its live key and of its waiter keys,
+// started after the revision of the read that answered for the name, so
+// nothing between is missed and no extra round trip is made; every read
+// that starts a follow therefore carries the name's live key and waiter
+// keys. A name no longer wanted is let go by [Store.sweepFollows], and its
+// view with it, so that what an idle daemon hears and holds does not grow
+// with the changes and leases elsewhere in the cluster.
+
+// follow is this store's interest in one name. Guarded by Store.mu.
+type follow struct {
+	// liveSeen and waitSeen are the revisions of the last change of the
+	// name's live key, and of its waiter keys, that the watch showed: an
+	// answer read before them is not learned (see [Store.learnLive]).
+	liveSeen, waitSeen int64
+	// queueAt: the view of the name's queue holds every waiter key up to
+	// this revision (a read of the keys, or the watch after one).
+	queueAt int64
+	// waitDeleted is the revision of the last waiter key delete the
+	// watch showed, at waitDeletedAt (see [Store.mayReserve]).
+	waitDeleted   int64
+	waitDeletedAt time.Time
+	// touched: when a call of this store last read or wrote the name.
+	touched time.Time
+	cancel  context.CancelFunc
+}
+
+// followIdle is how long a name that no rule keeps followed stays
+// followed after this store last read or wrote it: the time between a
+// lookup and the kernel's inode for it, or between a waiter's turns.
+const followIdle = 2 * time.Second
+
+// knownKeep is how long a store remembers a lease after its live key went
+// (to answer for it by id until its history is written).
+const knownKeep = time.Minute
+
+// observe records what a call read or wrote of resource at revision at —
+// its live key (nil: none) and its waiter keys — and follows the name
+// from there: a name not yet followed takes this as its view and is
+// watched from at+1; a followed one learns it by the rules of
+// [Store.learnLive] and [Store.learnQueue]. It reports whether the follow
+// started here, after at: a change at at (the caller's own) is then not
+// shown by the watch. The caller holds mu.
+func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.KeyValue) (started bool) {
+	f := s.follows[resource]
+	if f == nil {
+		if s.closed || s.bg.Err() != nil {
+			return false
+		}
+		started = true
+		ctx, cancel := context.WithCancel(s.bg)
+		f = &follow{liveSeen: at, waitSeen: at, cancel: cancel}
+		s.follows[resource] = f
+		s.wg.Go(func() { s.watchName(ctx, resource, at) })
+	}
+	f.touched = time.Now()
+	if live != nil {
+		s.learnLive(live, at)
+	} else {
+		s.dropLive(resource, at+1)
+	}
+	s.learnQueue(resource, at, waiters)
+	return started
+}
+
+// sawLive records that this store's own transaction changed resource's
+// live key at revision rev: an answer read before it is as stale as one
+// the watch has overtaken. The caller holds mu.
+func (s *Store) sawLive(resource string, rev int64) {
+	if f := s.follows[resource]; f != nil {
+		f.liveSeen = max(f.liveSeen, rev)
+	}
+}
+
+// touch marks resource as used now, if it is followed. The caller holds
+// mu.
+func (s *Store) touch(resource string) {
+	if f := s.follows[resource]; f != nil {
+		f.touched = time.Now()
+	}
+}
+
+// pin keeps resource followed until the returned function is called: for
+// a call that waits on the name's changes (a queued waiter, a reservation
+// awaiting a hand-over).
+func (s *Store) pin(resource string) (unpin func()) {
+	s.mu.Lock()
+	s.pinned[resource]++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		if s.pinned[resource]--; s.pinned[resource] <= 0 {
+			delete(s.pinned, resource)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// learnQueue replaces the view of resource's queue by waiters, its keys
+// read at revision at, unless the watch has shown a change of them after
+// at. The caller holds mu.
+func (s *Store) learnQueue(resource string, at int64, waiters []*mvccpb.KeyValue) {
+	f := s.follows[resource]
+	if f == nil || f.waitSeen > at {
+		return
+	}
+	delete(s.queue, resource)
+	for _, kv := range waiters {
+		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
+	}
+	f.queueAt = max(f.queueAt, at)
+}
+
+// watchName follows resource's live key and waiter keys from revision
+// from+1 until ctx ends (the name is let go, or the store closes). A watch
+// that ends is started again from the last revision it showed; one that
+// etcd compacted past reads the name again ([Store.resync]) and goes on
+// from that read.
+func (s *Store) watchName(ctx context.Context, resource string, from int64) {
+	liveFrom, waitFrom := from, from
+	var live, waiters clientv3.WatchChan
+	for ctx.Err() == nil {
+		wctx := clientv3.WithRequireLeader(ctx)
+		if live == nil {
+			live = s.cli.Watch(wctx, s.k.live(resource), clientv3.WithRev(liveFrom+1), clientv3.WithPrevKV())
+		}
+		if waiters == nil {
+			waiters = s.cli.Watch(wctx, s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithRev(waitFrom+1))
+		}
+		var resp clientv3.WatchResponse
+		var ok, isLive bool
+		select {
+		case <-ctx.Done():
+			return
+		case resp, ok = <-live:
+			isLive = true
+		case resp, ok = <-waiters:
+		}
+		switch {
+		case ok && resp.CompactRevision != 0:
+			s.opts.Logger.Warn("etcd compacted past a name's watch; reading the name again",
+				"resource", resource, "compacted", resp.CompactRevision)
+			at, err := s.resync(ctx, resource)
+			if err != nil {
+				s.sleep(100 * time.Millisecond)
+				continue
+			}
+			liveFrom, waitFrom = at, at
+			live, waiters = nil, nil
+			continue
+		case !ok || resp.Err() != nil:
+			if isLive {
+				live = nil
+			} else {
+				waiters = nil
+			}
+			s.sleep(100 * time.Millisecond)
+			continue
+		}
+		if n := len(resp.Events); n > 0 {
+			s.heard.Add(int64(n))
+			if isLive {
+				s.awaitWrites(ctx, resource)
+				liveFrom = resp.Events[n-1].Kv.ModRevision
+				s.applyLive(resource, resp.Events)
+			} else {
+				waitFrom = resp.Events[n-1].Kv.ModRevision
+				s.applyWaiters(resource, resp.Events)
+			}
+		}
+	}
+}
+
+// resync reads resource's live key and waiter keys again for a watch that
+// missed changes, makes them the view (publishing the end of a lease the
+// view held that is gone) and returns the read's revision.
+func (s *Store) resync(ctx context.Context, resource string) (int64, error) {
+	cctx, done := s.call(background(ctx))
+	resp, err := s.readTxn(cctx,
+		clientv3.OpGet(s.k.live(resource)),
+		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	)
+	done()
+	if err != nil {
+		return 0, err
+	}
+	at := resp.Header.Revision
+	var cur *rec
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		cur, _ = s.decode(kvs[0], true)
+	}
+	s.mu.Lock()
+	f := s.follows[resource]
+	if f == nil {
+		s.mu.Unlock()
+		return at, nil
+	}
+	var gone *rec
+	if prev := s.live[resource]; prev != nil && (cur == nil || cur.l.ID != prev.l.ID) {
+		gone = prev
+		s.dropLive(resource, at+1)
+	}
+	f.liveSeen, f.waitSeen = at, at
+	if cur != nil {
+		s.setLive(cur)
+	}
+	delete(s.queue, resource)
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
+	}
+	f.queueAt = at
+	s.mu.Unlock()
+	if gone != nil {
+		s.endedElsewhere(resource, gone, at)
+	}
+	s.notify(resource)
+	return at, nil
+}
+
+// applyWaiters applies changes of resource's waiter keys that its watch
+// showed to the view of its queue.
+func (s *Store) applyWaiters(resource string, evs []*clientv3.Event) {
+	s.mu.Lock()
+	f := s.follows[resource]
+	for _, ev := range evs {
+		rev := ev.Kv.ModRevision
+		switch {
+		case ev.Type == mvccpb.PUT && ev.IsCreate():
+			s.enqueue(resource, string(ev.Kv.Key), ev.Kv.CreateRevision)
+		case ev.Type == mvccpb.DELETE:
+			s.dequeue(resource, string(ev.Kv.Key))
+			if f != nil {
+				f.waitDeleted, f.waitDeletedAt = rev, time.Now()
+			}
+		}
+		if f != nil {
+			f.waitSeen = max(f.waitSeen, rev)
+			f.queueAt = max(f.queueAt, rev)
+		}
+	}
+	s.mu.Unlock()
+	s.notify(resource)
+}
+
+// sweepFollows lets go of the names this store no longer needs to follow:
+// not touched for followIdle, no live lease of its own on them (reserved
+// or renewed through it, or a handle lease it keeps alive), not pinned (a
+// waiter of its own queued, a reservation awaiting a hand-over), and
+// unknown to the kernel of its mount ([Options.KernelKnows], asked without mu held). It
+// also forgets leases whose live key went more than knownKeep ago.
+func (s *Store) sweepFollows() {
+	now := time.Now()
+	s.mu.Lock()
+	var idle []string
+	for resource, f := range s.follows {
+		if now.Sub(f.touched) < followIdle || s.pinned[resource] > 0 {
+			continue
+		}
+		if r := s.live[resource]; r != nil && s.owns(r) {
+			continue
+		}
+		idle = append(idle, resource)
+	}
+	for id, k := range s.known {
+		if !k.goneAt.IsZero() && now.Sub(k.goneAt) > knownKeep && s.handles[id] == nil {
+			delete(s.known, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(idle) == 0 {
+		return
+	}
+	var drop []string
+	for _, resource := range idle {
+		if s.opts.KernelKnows == nil || !s.opts.KernelKnows(resource) {
+			drop = append(drop, resource)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, resource := range drop {
+		f := s.follows[resource]
+		if f == nil || now.Sub(f.touched) < followIdle || s.pinned[resource] > 0 {
+			continue
+		}
+		if r := s.live[resource]; r != nil && s.owns(r) {
+			continue
+		}
+		f.cancel()
+		delete(s.follows, resource)
+		if r := s.live[resource]; r != nil {
+			s.dropLive(resource, r.kv.ModRevision+1)
+			if k := s.known[r.l.ID]; k != nil && !k.lost {
+				delete(s.known, r.l.ID)
+			}
+		}
+		delete(s.queue, resource)
+		delete(s.own, resource)
+		if ch := s.changed[resource]; ch != nil {
+			close(ch) // whoever waits on it looks again
+			delete(s.changed, resource)
+		}
+	}
+}
+
+// owns reports whether live lease r is this store's own to follow: a
+// handle lease it keeps alive, or a lease last written by this daemon (its
+// reservation or renewal, whose expiry it records). The caller holds mu.
+func (s *Store) owns(r *rec) bool {
+	return s.handles[r.l.ID] != nil || (r.daemon == s.opts.DaemonID && r.l.Host == s.opts.Host)
+}
+
+// Following returns the names this store follows, sorted: for tests and
+// the daemon's debug output. Safe for concurrent use.
+func (s *Store) Following() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.follows))
+	for r := range s.follows {
+		out = append(out, r)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// endedElsewhere publishes the end of lease prev on resource, which the
+// watch (or a read after a compaction) showed gone at revision rev with
+// no end of this store's in flight. When the lease is this daemon's own
+// it finds out how it ended — its history record, or none when its etcd
+// lease expired, which it then records (abandoned), once — and publishes
+// that; another daemon's end is published as this store can tell it:
+// expired when its liveness rules already had the lease dead, else
+// released.
+func (s *Store) endedElsewhere(resource string, prev *rec, rev int64) {
+	s.mu.Lock()
+	k := s.known[prev.l.ID]
+	if k != nil {
+		k.goneAt = time.Now()
+	}
+	if k != nil && (k.lost || k.published) {
+		s.mu.Unlock()
+		return
+	}
+	if k != nil {
+		k.published = true
+	}
+	own := s.owns(prev) && !s.opts.ReadOnly
+	dead := s.deadReason(prev) != ""
+	s.mu.Unlock()
+	s.stopKeepAlive(prev.l.ID)
+	if own {
+		s.wg.Go(func() { s.recordOwnEnd(prev, rev) })
+		return
+	}
+	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeReleased, Lease: prev.l}
+	e.Lease.Status, e.Lease.ExpiresAt = leasecore.StatusComplete, time.Time{}
+	if dead {
+		e.Change, e.Lease.Status = leasecore.ChangeExpired, leasecore.StatusAbandoned
+	}
+	e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
+	s.mu.Lock()
+	if k != nil {
+		k.last = e.Lease
+	}
+	s.feed.Publish(rev, e)
+	s.mu.Unlock()
+	s.notify(resource)
+}
+
+// recordOwnEnd reads the history record of this daemon's lease prev,
+// whose live key went at revision rev by no end of this store's: another
+// mount's end wrote one, which is published; an expiry by its etcd lease
+// wrote none, and this store records it as abandoned (one transaction,
+// only if no record exists) and publishes that.
+func (s *Store) recordOwnEnd(prev *rec, rev int64) {
+	ctx, done := s.call(background(s.bg))
+	resp, err := s.cli.Get(ctx, s.k.history(prev.l.ID))
+	done()
+	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
+	if err == nil && len(resp.Kvs) > 0 {
+		if h, err := s.decode(resp.Kvs[0], false); err == nil {
+			e.Lease = h.l
+			if c := changeOf[h.change]; c != 0 {
+				e.Change = c
+			}
+		}
+	}
+	if e.Lease.ID == "" {
+		e.Lease = prev.l
+		e.Lease.Status = leasecore.StatusAbandoned
+		e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
+		e.Lease.ExpiresAt = time.Time{}
+		if err == nil {
+			s.writeExpired(prev, e.Lease)
+		}
+	}
+	s.mu.Lock()
+	if k := s.known[prev.l.ID]; k != nil {
+		k.last = e.Lease
+	}
+	s.feed.Publish(rev, e)
+	s.mu.Unlock()
+	s.notify(prev.l.Resource)
+}
+
+// sweeper runs [Store.sweepFollows] until the store closes, for a
+// read-only store, which has no reaper to run it.
+func (s *Store) sweeper() {
+	t := time.NewTicker(followIdle / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.bg.Done():
+			return
+		case <-t.C:
+			s.sweepFollows()
+		}
+	}
+}
+
+// A change this store makes to a name's live key publishes its own event
+// as soon as the cluster answers, so that the feed shows this store's
+// changes of a lease in the order it made them (docs/PROTOCOL.md §8a). The
+// name's watch, which shows the same change, waits while such a change is
+// in flight ([Store.awaitWrites]) and then skips the events of the
+// revisions the change recorded as its own ([Store.isOwn]).
+
+// writeBegin records a change of resource's live key in flight; call
+// writeEnd with its revision (0: none was made) once it is answered.
+func (s *Store) writeBegin(resource string) {
+	s.mu.Lock()
+	s.writing[resource]++
+	s.mu.Unlock()
+}
+
+// writeEnd closes a change that [Store.writeBegin] opened; rev, when not
+// 0, is the revision of the change it made and published. The caller
+// holds mu.
+func (s *Store) writeEnd(resource string, rev int64) {
+	if rev != 0 && s.follows[resource] != nil {
+		s.own[resource] = append(s.own[resource], rev)
+	}
+	if s.writing[resource]--; s.writing[resource] <= 0 {
+		delete(s.writing, resource)
+		if ch := s.writeIdle[resource]; ch != nil {
+			close(ch)
+			delete(s.writeIdle, resource)
+		}
+	}
+}
+
+// awaitWrites waits until no change of this store to resource's live key
+// is in flight, or ctx ends.
+func (s *Store) awaitWrites(ctx context.Context, resource string) {
+	for {
+		s.mu.Lock()
+		if s.writing[resource] == 0 {
+			s.mu.Unlock()
+			return
+		}
+		ch := s.writeIdle[resource]
+		if ch == nil {
+			ch = make(chan struct{})
+			s.writeIdle[resource] = ch
+		}
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// isOwn reports whether the change of resource's live key at revision rev
+// is one this store made and published itself, and forgets revisions up
+// to rev. The caller holds mu.
+func (s *Store) isOwn(resource string, rev int64) bool {
+	revs := s.own[resource]
+	mine := false
+	n := 0
+	for _, r := range revs {
+		switch {
+		case r == rev:
+			mine = true
+		case r > rev:
+			revs[n] = r
+			n++
+		}
+	}
+	if n == 0 {
+		delete(s.own, resource)
+	} else {
+		s.own[resource] = revs[:n]
+	}
+	return mine
+}
