@@ -107,7 +107,7 @@ type Options struct {
 	KernelKnows func(resource string) bool
 	// DialOptions are added to the gRPC options of the store's cluster
 	// client: for example interceptors that count the calls each system
-	// call costs (docs/ARCHITECTURE.md, "What a system call costs").
+	// call costs (docs/ARCHITECTURE.md, "The etcd store").
 	DialOptions []grpc.DialOption
 }
 
