@@ -375,7 +375,11 @@ func systemCallCost(t *testing.T, srv *etcdtest.Server, c *rpcCounter, dir strin
 			_, err := syscall.Pwrite(held, []byte(token+"\n"), 0)
 			must("renew", err)
 		}},
-		{"handle cycle (open O_CREAT, flock, unlock, close)", budget{3, 4, 0}, func() {
+		// A cycle on a name whose previous cycle ended a moment ago costs
+		// one more read: the kernel still holds the ended lease's entry,
+		// which the LOOKUP that revalidates it drops, and it looks the
+		// name up again before it creates (docs/PROTOCOL.md §8a).
+		{"handle cycle (open O_CREAT, flock, unlock, close)", budget{3, 5, 0}, func() {
 			fd, err := syscall.Open(p("handle"), syscall.O_CREAT|syscall.O_RDWR, 0o644)
 			must("open", err)
 			must("flock", syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB))
@@ -397,11 +401,20 @@ func systemCallCost(t *testing.T, srv *etcdtest.Server, c *rpcCounter, dir strin
 			must("rmdir", syscall.Rmdir(p("sub")))
 		}},
 	}
+	// Each workload runs once, then n times back to back, as the bench
+	// runs it: the budget holds for both, per operation.
+	const n = 10
 	for _, w := range workloads {
-		got := measure(t, srv, c, w.work)
-		t.Logf("%s: %s", w.name, got)
-		if got.writes-got.background > w.max.writes || got.calls() > w.max.calls || got.keepAlive > w.max.keepAlive {
-			t.Errorf("%s cost %s; budget %d writes, %d unary calls, %d keep-alives", w.name, got, w.max.writes, w.max.calls, w.max.keepAlive)
+		for _, times := range []int{1, n} {
+			got := measure(t, srv, c, func() {
+				for range times {
+					w.work()
+				}
+			})
+			t.Logf("%s, %d times: %s", w.name, times, got)
+			if got.writes-got.background > uint64(times)*w.max.writes || got.calls() > times*w.max.calls || got.keepAlive > times*w.max.keepAlive {
+				t.Errorf("%s, %d times, cost %s; budget %d writes, %d unary calls, %d keep-alives each", w.name, times, got, w.max.writes, w.max.calls, w.max.keepAlive)
+			}
 		}
 	}
 }
