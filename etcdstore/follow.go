@@ -133,56 +133,51 @@ func (s *Store) learnQueue(resource string, at int64, waiters []*mvccpb.KeyValue
 // from that read.
 func (s *Store) watchName(ctx context.Context, resource string, from int64) {
 	liveFrom, waitFrom := from, from
-	var live, waiters clientv3.WatchChan
 	for ctx.Err() == nil {
-		wctx := clientv3.WithRequireLeader(ctx)
-		if live == nil {
-			live = s.cli.Watch(wctx, s.k.live(resource), clientv3.WithRev(liveFrom+1), clientv3.WithPrevKV())
+		// Both watches of a pass share wctx, so that a pass that ends
+		// (an error, a compaction) leaves no watcher behind on the stream.
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		live := s.cli.Watch(wctx, s.k.live(resource), clientv3.WithRev(liveFrom+1), clientv3.WithPrevKV())
+		waiters := s.cli.Watch(wctx, s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithRev(waitFrom+1))
+		compacted := false
+		for {
+			var resp clientv3.WatchResponse
+			var ok, isLive bool
+			select {
+			case <-ctx.Done():
+			case resp, ok = <-live:
+				isLive = true
+			case resp, ok = <-waiters:
+			}
+			if !ok || resp.Err() != nil || resp.CompactRevision != 0 {
+				compacted = ok && resp.CompactRevision != 0
+				break
+			}
+			if n := len(resp.Events); n > 0 {
+				s.heard.Add(int64(n))
+				if isLive {
+					s.awaitWrites(ctx, resource)
+					liveFrom = resp.Events[n-1].Kv.ModRevision
+					s.applyLive(resource, resp.Events)
+				} else {
+					waitFrom = resp.Events[n-1].Kv.ModRevision
+					s.applyWaiters(resource, resp.Events)
+				}
+			}
 		}
-		if waiters == nil {
-			waiters = s.cli.Watch(wctx, s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithRev(waitFrom+1))
-		}
-		var resp clientv3.WatchResponse
-		var ok, isLive bool
-		select {
-		case <-ctx.Done():
+		cancel()
+		if ctx.Err() != nil {
 			return
-		case resp, ok = <-live:
-			isLive = true
-		case resp, ok = <-waiters:
 		}
-		switch {
-		case ok && resp.CompactRevision != 0:
-			s.opts.Logger.Warn("etcd compacted past a name's watch; reading the name again",
-				"resource", resource, "compacted", resp.CompactRevision)
+		if compacted {
+			s.opts.Logger.Warn("etcd compacted past a name's watch; reading the name again", "resource", resource)
 			at, err := s.resync(ctx, resource)
-			if err != nil {
-				s.sleep(100 * time.Millisecond)
+			if err == nil {
+				liveFrom, waitFrom = at, at
 				continue
 			}
-			liveFrom, waitFrom = at, at
-			live, waiters = nil, nil
-			continue
-		case !ok || resp.Err() != nil:
-			if isLive {
-				live = nil
-			} else {
-				waiters = nil
-			}
-			s.sleep(100 * time.Millisecond)
-			continue
 		}
-		if n := len(resp.Events); n > 0 {
-			s.heard.Add(int64(n))
-			if isLive {
-				s.awaitWrites(ctx, resource)
-				liveFrom = resp.Events[n-1].Kv.ModRevision
-				s.applyLive(resource, resp.Events)
-			} else {
-				waitFrom = resp.Events[n-1].Kv.ModRevision
-				s.applyWaiters(resource, resp.Events)
-			}
-		}
+		s.sleep(100 * time.Millisecond)
 	}
 }
 
