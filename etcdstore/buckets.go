@@ -65,7 +65,20 @@ func (s *Store) grantBucket(ctx context.Context) error {
 	if until.After(s.bucket.usableUntil) {
 		s.bucket = bucket{id: g.ID, usableUntil: until}
 	}
+	s.mine[g.ID] = sent.Add(time.Duration(g.TTL) * time.Second)
 	s.mu.Unlock()
+	// A daemon key names the bucket, so that the next daemon of this
+	// identity follows the token leases on it (and records their
+	// expiry): in the background, not in the reservation's way.
+	s.wg.Go(func() {
+		cctx, done := s.call(background(s.bg))
+		defer done()
+		_, err := s.cli.Put(cctx, s.k.daemonBucket(s.opts.Host, s.opts.DaemonID, int64(g.ID)), "", clientv3.WithLease(g.ID))
+		if err != nil && s.bg.Err() == nil {
+			s.opts.Logger.Warn("recording a token lease bucket under the daemon key failed; a next daemon of this identity will not record the expiry of the leases on it",
+				"err", err)
+		}
+	})
 	return nil
 }
 

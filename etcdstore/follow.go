@@ -276,6 +276,11 @@ func (s *Store) sweepFollows() {
 			delete(s.known, id)
 		}
 	}
+	for lid, until := range s.mine {
+		if now.After(until.Add(time.Minute)) {
+			delete(s.mine, lid) // expired: no lease is on it any more
+		}
+	}
 	s.mu.Unlock()
 	if len(idle) == 0 {
 		return
@@ -314,10 +319,16 @@ func (s *Store) sweepFollows() {
 }
 
 // owns reports whether live lease r is this store's own to follow: a
-// handle lease it keeps alive, or a lease last written by this daemon (its
-// reservation or renewal, whose expiry it records). The caller holds mu.
+// handle lease it keeps alive, or a token lease on one of its buckets (its
+// reservation or last renewal was made through this daemon, or its
+// predecessor of this identity), whose expiry it records. The caller
+// holds mu.
 func (s *Store) owns(r *rec) bool {
-	return s.handles[r.l.ID] != nil || (r.daemon == s.opts.DaemonID && r.l.Host == s.opts.Host)
+	if s.handles[r.l.ID] != nil {
+		return true
+	}
+	_, mine := s.mine[clientv3.LeaseID(r.kv.Lease)]
+	return mine
 }
 
 // Following returns the names this store follows, sorted: for tests and

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/leasefs/leasefs/etcdstore/etcdtest"
 	"github.com/leasefs/leasefs/internal/testenv"
 	"github.com/leasefs/leasefs/leasecore"
@@ -79,4 +81,40 @@ func TestIdleStoreHearsNothing(t *testing.T) {
 		t.Errorf("the idle store holds %d leases after letting its names go", live)
 	}
 	_ = known // an ended lease is remembered for knownKeep, to answer by id
+}
+
+// TestRestartedDaemonRecordsItsPredecessorsExpiries: a daemon that starts
+// follows the token leases its predecessor of the same identity left on
+// its buckets (found by the daemon keys, not by reading the prefix), and
+// records the expiry of one that nobody renews (docs/PROTOCOL.md §8a,
+// "Expiry is the cluster's").
+func TestRestartedDaemonRecordsItsPredecessorsExpiries(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ctx := context.Background()
+	opts := Options{Options: leasecore.Options{LeaseDuration: 2 * time.Second}, DaemonID: "/var/lib/leasefs-a"}
+	first, err := Open(ctx, []string{srv.Endpoint()}, "/restart", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := first.Reserve(ctx, leasecore.Draft{Resource: "left", HolderUID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "the bucket's daemon key", func() bool {
+		resp, err := first.cli.Get(ctx, first.k.daemon(first.opts.Host, opts.DaemonID), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count >= 1
+	})
+	first.Close()
+	next, err := Open(ctx, []string{srv.Endpoint()}, "/restart", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if got := next.Following(); len(got) != 1 || got[0] != "left" {
+		t.Fatalf("the next daemon follows %v; want [left], its predecessor's token lease", got)
+	}
+	testenv.WaitFor(t, "the expired lease's history record", func() bool {
+		h, err := next.History(ctx, "left")
+		return err == nil && len(h) == 1 && h[0].ID == g.Lease.ID && h[0].Status == leasecore.StatusAbandoned
+	})
 }

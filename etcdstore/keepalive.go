@@ -93,7 +93,7 @@ func (s *Store) grantHandleSession(ctx context.Context) error {
 	// The daemon key names the session, so that the next daemon of this
 	// identity finds its handle leases without reading the prefix.
 	cctx, done = s.call(background(ctx))
-	_, err = s.cli.Put(cctx, s.k.daemon(s.opts.Host, s.opts.DaemonID), strconv.FormatInt(int64(g.ID), 10), clientv3.WithLease(g.ID))
+	_, err = s.cli.Put(cctx, s.k.daemonSession(s.opts.Host, s.opts.DaemonID), strconv.FormatInt(int64(g.ID), 10), clientv3.WithLease(g.ID))
 	done()
 	if err != nil && s.bg.Err() == nil {
 		s.opts.Logger.Warn("recording the handle session under the daemon key failed; a next daemon of this identity will not find its handle leases, which then expire with the session",

@@ -15,7 +15,11 @@ import (
 //	PREFIX/ns/<path>                   namespace (JSON: uid, gid, created_at)
 //	PREFIX/nsuid/<uid>/<path>          one per namespace created by uid (the quota on namespaces)
 //	PREFIX/waiters/<resource>//<id>    one per blocked Acquire, bound to its daemon's session lease
-//	PREFIX/daemons/<host>/<daemon-id>  the id of the daemon's handle session, bound to it: the next daemon of that identity finds its handle leases by it
+//	PREFIX/daemons/<host>/<daemon-id>//session     the id of the daemon's handle session, bound to it
+//	PREFIX/daemons/<host>/<daemon-id>//bucket/<id>  one per token lease bucket of the daemon, bound to it
+//
+// The daemon keys let the next daemon of an identity find the leases of
+// the previous one (on those etcd leases) without reading the prefix.
 //
 // A resource never contains "//" (no empty components, docs/PROTOCOL.md
 // §3), so the waiters of one resource are exactly the keys under
@@ -38,7 +42,11 @@ func (p keys) waiters(resource string) string {
 }
 func (p keys) waitersAll() string { return string(p) + "waiters/" }
 func (p keys) daemon(host, id string) string {
-	return string(p) + "daemons/" + host + "/" + id
+	return string(p) + "daemons/" + host + "/" + id + "//"
+}
+func (p keys) daemonSession(host, id string) string { return p.daemon(host, id) + "session" }
+func (p keys) daemonBucket(host, id string, lid int64) string {
+	return p.daemon(host, id) + "bucket/" + strconv.FormatInt(lid, 10)
 }
 func (p keys) nsPrefix(dir string) string {
 	if dir == "" {

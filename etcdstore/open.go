@@ -65,7 +65,7 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 		known: make(map[string]*known), live: make(map[string]*rec),
 		handles: make(map[string]*handle), previous: make(map[string]string),
 		bucketKick:  make(chan struct{}, 1),
-		quotaFullAt: make(map[uint32]time.Time), follows: make(map[string]*follow),
+		quotaFullAt: make(map[uint32]time.Time), follows: make(map[string]*follow), mine: make(map[clientv3.LeaseID]time.Time),
 		queue: make(map[string]map[string]int64), pinned: make(map[string]int),
 		writing: make(map[string]int), writeIdle: make(map[string]chan struct{}), own: make(map[string][]int64),
 		nss: make(map[string]leasecore.Namespace), nsGone: make(map[string]int64),
@@ -90,17 +90,33 @@ func Open(ctx context.Context, endpoints []string, prefix string, opts Options) 
 func (s *Store) start(ctx context.Context) error {
 	dkey := s.k.daemon(s.opts.Host, s.opts.DaemonID)
 	cctx, done := s.call(ctx)
-	resp, err := s.cli.Get(cctx, dkey)
+	resp, err := s.cli.Get(cctx, dkey, clientv3.WithPrefix())
 	done()
 	if err != nil {
 		return s.openError(ctx, err)
 	}
 	s.rev = resp.Header.Revision
 	var stale []*rec
-	if len(resp.Kvs) > 0 {
-		if id, err := strconv.ParseInt(string(resp.Kvs[0].Value), 10, 64); err == nil {
-			if stale, err = s.leasesOn(ctx, clientv3.LeaseID(id)); err != nil {
-				return s.openError(ctx, err)
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), dkey)
+		bucket, isBucket := strings.CutPrefix(name, "bucket/")
+		text := string(kv.Value)
+		if isBucket {
+			text = bucket
+		} else if name != "session" {
+			continue
+		}
+		id, err := strconv.ParseInt(text, 10, 64)
+		if err != nil {
+			continue
+		}
+		leases, err := s.leasesOn(ctx, clientv3.LeaseID(id), isBucket)
+		if err != nil {
+			return s.openError(ctx, err)
+		}
+		for _, r := range leases {
+			if r.l.Mode == leasecore.ModeHandle && r.l.Host == s.opts.Host && r.daemon == s.opts.DaemonID {
+				stale = append(stale, r)
 			}
 		}
 	}
@@ -159,10 +175,13 @@ func (s *Store) start(ctx context.Context) error {
 	return nil
 }
 
-// leasesOn returns the handle leases of this daemon identity on etcd lease
-// lid (a previous daemon's handle session) and follows their names: the
-// live keys attached to lid, read with their waiter keys.
-func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID) ([]*rec, error) {
+// leasesOn returns the leases on etcd lease lid, a previous daemon's of
+// this identity (its handle session, or a token lease bucket when bucket),
+// and follows their names as this daemon's own: the live keys attached to
+// lid, read with their waiter keys. A bucket becomes one of this daemon's
+// (see [Store.owns]) until it expires, so that the expiry of the leases
+// on it is recorded.
+func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID, bucket bool) ([]*rec, error) {
 	cctx, done := s.call(ctx)
 	ttl, err := s.cli.TimeToLive(cctx, lid, clientv3.WithAttachedKeys())
 	done()
@@ -171,6 +190,14 @@ func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID) ([]*rec, err
 			return nil, nil
 		}
 		return nil, err
+	}
+	if ttl.TTL <= 0 {
+		return nil, nil
+	}
+	if bucket {
+		s.mu.Lock()
+		s.mine[lid] = time.Now().Add(time.Duration(ttl.TTL) * time.Second)
+		s.mu.Unlock()
 	}
 	var names []string
 	for _, k := range ttl.Keys {
@@ -201,9 +228,6 @@ func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID) ([]*rec, err
 			r, err := s.decode(kvs[0], true)
 			if err != nil {
 				s.opts.Logger.Warn("ignoring a malformed lease key", "key", string(kvs[0].Key), "err", err)
-				continue
-			}
-			if r.l.Mode != leasecore.ModeHandle || r.l.Host != s.opts.Host || r.daemon != s.opts.DaemonID {
 				continue
 			}
 			s.mu.Lock()

@@ -150,7 +150,11 @@ type Store struct {
 	live    map[string]*rec    // resource → live lease, as the name's watch last showed it (a call's answer only until the watch shows a later change: [Store.learnLive])
 	handles map[string]*handle // lease id → a handle lease this store keeps alive on hs
 	hs      hsession           // the etcd lease of this store's handle leases
-	bucket  bucket             // the etcd lease of the token leases reserved or renewed now
+	// mine: the etcd leases of this daemon's token lease buckets (its own,
+	// and its predecessor's found at start) → when they expire: a lease
+	// on one is this daemon's own (see [Store.owns]).
+	mine   map[clientv3.LeaseID]time.Time
+	bucket bucket // the etcd lease of the token leases reserved or renewed now
 	// queue: resource → waiter key → its create revision, from a read of
 	// the name's waiter keys and its watch since (see [follow]); a
 	// waiter's daemon decides from it alone whether its waiter is at the
