@@ -53,16 +53,13 @@ const knownKeep = time.Minute
 // its live key (nil: none) and its waiter keys — and follows the name
 // from there: a name not yet followed takes this as its view and is
 // watched from at+1; a followed one learns it by the rules of
-// [Store.learnLive] and [Store.learnQueue]. It reports whether the follow
-// started here, after at: a change at at (the caller's own) is then not
-// shown by the watch. The caller holds mu.
-func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.KeyValue) (started bool) {
+// [Store.learnLive] and [Store.learnQueue]. The caller holds mu.
+func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.KeyValue) {
 	f := s.follows[resource]
 	if f == nil {
 		if s.closed || s.bg.Err() != nil {
-			return false
+			return
 		}
-		started = true
 		ctx, cancel := context.WithCancel(s.bg)
 		f = &follow{liveSeen: at, waitSeen: at, cancel: cancel}
 		s.follows[resource] = f
@@ -75,7 +72,6 @@ func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.
 		s.dropLive(resource, at+1)
 	}
 	s.learnQueue(resource, at, waiters)
-	return started
 }
 
 // sawLive records that this store's own transaction changed resource's
@@ -84,14 +80,6 @@ func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.
 func (s *Store) sawLive(resource string, rev int64) {
 	if f := s.follows[resource]; f != nil {
 		f.liveSeen = max(f.liveSeen, rev)
-	}
-}
-
-// touch marks resource as used now, if it is followed. The caller holds
-// mu.
-func (s *Store) touch(resource string) {
-	if f := s.follows[resource]; f != nil {
-		f.touched = time.Now()
 	}
 }
 
@@ -331,8 +319,8 @@ func (s *Store) owns(r *rec) bool {
 	return mine
 }
 
-// Following returns the names this store follows, sorted: for tests and
-// the daemon's debug output. Safe for concurrent use.
+// Following returns the names this store follows (follow.go), sorted.
+// Safe for concurrent use.
 func (s *Store) Following() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
