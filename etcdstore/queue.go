@@ -118,10 +118,10 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 		if !known && !asked {
 			wake = lag.C
 		}
+		var recheckTimer *time.Timer
 		if recheck > 0 {
-			t := time.NewTimer(recheck)
-			again = t.C
-			defer t.Stop()
+			recheckTimer = time.NewTimer(recheck)
+			again = recheckTimer.C
 		}
 		select {
 		case <-ctx.Done():
@@ -132,6 +132,9 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 		case <-wake:
 			lag.Reset(0) // read by lagged on the next turn
 		case <-again:
+		}
+		if recheckTimer != nil {
+			recheckTimer.Stop()
 		}
 	}
 }
