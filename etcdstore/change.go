@@ -104,11 +104,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 		if k != nil {
 			k.published = true
 		}
-		c := changeOf[change]
-		if c == 0 {
-			c = leasecore.ChangeReleased
-		}
-		s.feed.Publish(rev, leasecore.Event{Kind: leasecore.EventEnded, Change: c, Lease: l})
+		s.feed.Publish(rev, leasecore.Event{Kind: leasecore.EventEnded, Change: changeOr(change, leasecore.ChangeReleased), Lease: l})
 	}
 	s.mu.Unlock()
 	s.notify(r.l.Resource)
@@ -215,10 +211,7 @@ func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change strin
 	nr := &rec{l: l, hash: r.hash, change: change, daemon: s.opts.DaemonID, duration: s.durationOf(r),
 		kv: &mvccpb.KeyValue{Key: []byte(live), Value: []byte(value), CreateRevision: r.kv.CreateRevision, ModRevision: rev, Lease: int64(lid)}}
 	made = rev
-	e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[change], Lease: l}
-	if e.Change == 0 {
-		e.Change = leasecore.ChangeRenewed
-	}
+	e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOr(change, leasecore.ChangeRenewed), Lease: l}
 	s.mu.Lock()
 	s.learnLive(nr, rev)
 	s.sawLive(nr.l.Resource, rev)

@@ -7,8 +7,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/leasefs/leasefs/leasecore"
 )
 
 // A store follows only the names it must act on (docs/PROTOCOL.md §8a,
@@ -72,6 +70,13 @@ func (s *Store) observe(resource string, at int64, live *rec, waiters []*mvccpb.
 		s.dropLive(resource, at+1)
 	}
 	s.learnQueue(resource, at, waiters)
+}
+
+// waiterKeys reads resource's waiter keys (keys only): what every read
+// that may start a follow carries beside the live key (see
+// [Store.observe]).
+func (s *Store) waiterKeys(resource string) clientv3.Op {
+	return clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 }
 
 // sawLive records that this store's own transaction changed resource's
@@ -176,7 +181,7 @@ func (s *Store) resync(ctx context.Context, resource string) (int64, error) {
 	cctx, done := s.call(background(ctx))
 	resp, err := s.readTxn(cctx,
 		clientv3.OpGet(s.k.live(resource)),
-		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		s.waiterKeys(resource),
 	)
 	done()
 	if err != nil {
@@ -198,15 +203,11 @@ func (s *Store) resync(ctx context.Context, resource string) (int64, error) {
 		gone = prev
 		s.dropLive(resource, at+1)
 	}
-	f.liveSeen, f.waitSeen = at, at
+	f.liveSeen, f.waitSeen = at, at // the watch missed what came between: the read decides
 	if cur != nil {
 		s.setLive(cur)
 	}
-	delete(s.queue, resource)
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		s.enqueue(resource, string(kv.Key), kv.CreateRevision)
-	}
-	f.queueAt = at
+	s.learnQueue(resource, at, resp.Responses[1].GetResponseRange().Kvs)
 	s.mu.Unlock()
 	if gone != nil {
 		s.endedElsewhere(resource, gone, at)
@@ -244,20 +245,16 @@ func (s *Store) applyWaiters(resource string, evs []*clientv3.Event) {
 // not touched for followIdle, no live lease of its own on them (reserved
 // or renewed through it, or a handle lease it keeps alive), not pinned (a
 // waiter of its own queued, a reservation awaiting a hand-over), and
-// unknown to the kernel of its mount ([Options.KernelKnows], asked without mu held). It
-// also forgets leases whose live key went more than knownKeep ago.
+// unknown to the kernel of its mount ([Options.KernelKnows], asked
+// without mu held). It also forgets leases whose live key went more than knownKeep ago.
 func (s *Store) sweepFollows() {
 	now := time.Now()
 	s.mu.Lock()
 	var idle []string
-	for resource, f := range s.follows {
-		if now.Sub(f.touched) < followIdle || s.pinned[resource] > 0 {
-			continue
+	for resource := range s.follows {
+		if s.idle(resource, now) {
+			idle = append(idle, resource)
 		}
-		if r := s.live[resource]; r != nil && s.owns(r) {
-			continue
-		}
-		idle = append(idle, resource)
 	}
 	for id, k := range s.known {
 		if !k.goneAt.IsZero() && now.Sub(k.goneAt) > knownKeep && s.handles[id] == nil {
@@ -282,14 +279,10 @@ func (s *Store) sweepFollows() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, resource := range drop {
-		f := s.follows[resource]
-		if f == nil || now.Sub(f.touched) < followIdle || s.pinned[resource] > 0 {
+		if !s.idle(resource, now) { // used again while the kernel was asked
 			continue
 		}
-		if r := s.live[resource]; r != nil && s.owns(r) {
-			continue
-		}
-		f.cancel()
+		s.follows[resource].cancel()
 		delete(s.follows, resource)
 		if r := s.live[resource]; r != nil {
 			s.dropLive(resource, r.kv.ModRevision+1)
@@ -304,6 +297,18 @@ func (s *Store) sweepFollows() {
 			delete(s.changed, resource)
 		}
 	}
+}
+
+// idle reports whether followed name resource is kept by no rule but the
+// kernel's: not read or written for followIdle, not pinned, no live lease
+// of this store's own on it. The caller holds mu.
+func (s *Store) idle(resource string, now time.Time) bool {
+	f := s.follows[resource]
+	if f == nil || now.Sub(f.touched) < followIdle || s.pinned[resource] > 0 {
+		return false
+	}
+	r := s.live[resource]
+	return r == nil || !s.owns(r)
 }
 
 // owns reports whether live lease r is this store's own to follow: a
@@ -332,88 +337,8 @@ func (s *Store) Following() []string {
 	return out
 }
 
-// endedElsewhere publishes the end of lease prev on resource, which the
-// watch (or a read after a compaction) showed gone at revision rev with
-// no end of this store's in flight. When the lease is this daemon's own
-// it finds out how it ended — its history record, or none when its etcd
-// lease expired, which it then records (abandoned), once — and publishes
-// that; another daemon's end is published as this store can tell it:
-// expired when its liveness rules already had the lease dead, else
-// released.
-func (s *Store) endedElsewhere(resource string, prev *rec, rev int64) {
-	s.mu.Lock()
-	k := s.known[prev.l.ID]
-	if k != nil {
-		k.goneAt = time.Now()
-	}
-	if k != nil && (k.lost || k.published) {
-		s.mu.Unlock()
-		return
-	}
-	if k != nil {
-		k.published = true
-	}
-	own := s.owns(prev) && !s.opts.ReadOnly
-	dead := s.deadReason(prev) != ""
-	s.mu.Unlock()
-	s.stopKeepAlive(prev.l.ID)
-	if own {
-		s.wg.Go(func() { s.recordOwnEnd(prev, rev) })
-		return
-	}
-	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeReleased, Lease: prev.l}
-	e.Lease.Status, e.Lease.ExpiresAt = leasecore.StatusComplete, time.Time{}
-	if dead {
-		e.Change, e.Lease.Status = leasecore.ChangeExpired, leasecore.StatusAbandoned
-	}
-	e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
-	s.mu.Lock()
-	if k != nil {
-		k.last = e.Lease
-	}
-	s.feed.Publish(rev, e)
-	s.mu.Unlock()
-	s.notify(resource)
-}
-
-// recordOwnEnd reads the history record of this daemon's lease prev,
-// whose live key went at revision rev by no end of this store's: another
-// mount's end wrote one, which is published; an expiry by its etcd lease
-// wrote none, and this store records it as abandoned (one transaction,
-// only if no record exists) and publishes that.
-func (s *Store) recordOwnEnd(prev *rec, rev int64) {
-	ctx, done := s.call(background(s.bg))
-	resp, err := s.cli.Get(ctx, s.k.history(prev.l.ID))
-	done()
-	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
-	if err == nil && len(resp.Kvs) > 0 {
-		if h, err := s.decode(resp.Kvs[0], false); err == nil {
-			e.Lease = h.l
-			if c := changeOf[h.change]; c != 0 {
-				e.Change = c
-			}
-		}
-	}
-	if e.Lease.ID == "" {
-		e.Lease = prev.l
-		e.Lease.Status = leasecore.StatusAbandoned
-		e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
-		e.Lease.ExpiresAt = time.Time{}
-		if err == nil {
-			s.writeExpired(prev, e.Lease)
-		}
-	}
-	s.mu.Lock()
-	if k := s.known[prev.l.ID]; k != nil {
-		k.last = e.Lease
-	}
-	s.feed.Publish(rev, e)
-	s.mu.Unlock()
-	s.notify(prev.l.Resource)
-}
-
-// sweeper runs [Store.sweepFollows] until the store closes, for a
-// read-only store, which has no reaper to run it.
+// sweeper runs [Store.sweepFollows] every half followIdle until the
+// store closes.
 func (s *Store) sweeper() {
 	t := time.NewTicker(followIdle / 2)
 	defer t.Stop()
@@ -425,82 +350,4 @@ func (s *Store) sweeper() {
 			s.sweepFollows()
 		}
 	}
-}
-
-// A change this store makes to a name's live key publishes its own event
-// as soon as the cluster answers, so that the feed shows this store's
-// changes of a lease in the order it made them (docs/PROTOCOL.md §8a). The
-// name's watch, which shows the same change, waits while such a change is
-// in flight ([Store.awaitWrites]) and then skips the events of the
-// revisions the change recorded as its own ([Store.isOwn]).
-
-// writeBegin records a change of resource's live key in flight; call
-// writeEnd with its revision (0: none was made) once it is answered.
-func (s *Store) writeBegin(resource string) {
-	s.mu.Lock()
-	s.writing[resource]++
-	s.mu.Unlock()
-}
-
-// writeEnd closes a change that [Store.writeBegin] opened; rev, when not
-// 0, is the revision of the change it made and published. The caller
-// holds mu.
-func (s *Store) writeEnd(resource string, rev int64) {
-	if rev != 0 && s.follows[resource] != nil {
-		s.own[resource] = append(s.own[resource], rev)
-	}
-	if s.writing[resource]--; s.writing[resource] <= 0 {
-		delete(s.writing, resource)
-		if ch := s.writeIdle[resource]; ch != nil {
-			close(ch)
-			delete(s.writeIdle, resource)
-		}
-	}
-}
-
-// awaitWrites waits until no change of this store to resource's live key
-// is in flight, or ctx ends.
-func (s *Store) awaitWrites(ctx context.Context, resource string) {
-	for {
-		s.mu.Lock()
-		if s.writing[resource] == 0 {
-			s.mu.Unlock()
-			return
-		}
-		ch := s.writeIdle[resource]
-		if ch == nil {
-			ch = make(chan struct{})
-			s.writeIdle[resource] = ch
-		}
-		s.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// isOwn reports whether the change of resource's live key at revision rev
-// is one this store made and published itself, and forgets revisions up
-// to rev. The caller holds mu.
-func (s *Store) isOwn(resource string, rev int64) bool {
-	revs := s.own[resource]
-	mine := false
-	n := 0
-	for _, r := range revs {
-		switch {
-		case r == rev:
-			mine = true
-		case r > rev:
-			revs[n] = r
-			n++
-		}
-	}
-	if n == 0 {
-		delete(s.own, resource)
-	} else {
-		s.own[resource] = revs[:n]
-	}
-	return mine
 }

@@ -171,6 +171,7 @@ func (s *Store) start(ctx context.Context) error {
 	s.wg.Go(s.keepHandles)
 	s.wg.Go(s.keepBuckets)
 	s.wg.Go(s.reaper)
+	s.wg.Go(s.sweeper)
 	s.wg.Go(func() { s.watchNamespaces(from) })
 	return nil
 }
@@ -212,7 +213,7 @@ func (s *Store) leasesOn(ctx context.Context, lid clientv3.LeaseID, bucket bool)
 		ops := make([]clientv3.Op, 0, 2*len(batch))
 		for _, resource := range batch {
 			ops = append(ops, clientv3.OpGet(s.k.live(resource)),
-				clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+				s.waiterKeys(resource))
 		}
 		cctx, done := s.call(ctx)
 		resp, err := s.readTxn(cctx, ops...)

@@ -67,7 +67,7 @@ func (s *Store) acquireOnce(ctx context.Context, d leasecore.Draft) (leasecore.G
 	put, err := s.cli.Txn(cctx).Then(
 		clientv3.OpPut(key, uidString(d.HolderUID), clientv3.WithLease(s.sessionID())),
 		clientv3.OpGet(s.k.live(d.Resource)),
-		clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		s.waiterKeys(d.Resource),
 	).Commit()
 	done()
 	if err != nil {

@@ -225,7 +225,7 @@ func (s *Store) ReadName(ctx context.Context, resource string) (*leasecore.Names
 		clientv3.OpGet(s.k.live(resource)),
 		// The keys, not a count: the store follows the name from this
 		// read (see [Store.observe]).
-		clientv3.OpGet(s.k.waiters(resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		s.waiterKeys(resource),
 		clientv3.OpGet(s.k.ns(resource)),
 	)
 	done()

@@ -18,17 +18,12 @@ import (
 func (s *Store) reaper() {
 	tick := time.NewTicker(s.opts.ReapInterval)
 	defer tick.Stop()
-	sweep := time.NewTicker(followIdle / 2)
-	defer sweep.Stop()
 	lastPrune := time.Now()
 	var reaps, prunes retrylog.Tries
 	for {
 		select {
 		case <-s.bg.Done():
 			return
-		case <-sweep.C:
-			s.sweepFollows()
-			continue
 		case <-tick.C:
 		case <-s.kick:
 		}

@@ -192,7 +192,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 			// to the head of its queue, which no other request may pass
 			// (docs/PROTOCOL.md §8a, "Hand-over").
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(s.k.waiters(d.Resource)), "=", 0).WithPrefix())
-			orElse = append(orElse, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+			orElse = append(orElse, s.waiterKeys(d.Resource))
 		} else {
 			// The waiter still queues and no waiter of the name is older.
 			conds = append(conds, clientv3.Compare(clientv3.CreateRevision(waiterKey), "=", waiterRev),
@@ -203,7 +203,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		}
 		// The name's waiter keys, from which the store follows the name
 		// (see [Store.observe]).
-		then = append(then, clientv3.OpGet(s.k.waiters(d.Resource), clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		then = append(then, s.waiterKeys(d.Resource))
 		s.writeBegin(d.Resource)
 		cctx, done := s.call(ctx)
 		start := time.Now()

@@ -285,6 +285,15 @@ var changeOf = map[string]leasecore.Change{
 	chNoted: leasecore.ChangeNoted,
 }
 
+// changeOr returns the leasecore change of a record's leasefs_change, or
+// def when it names none.
+func changeOr(change string, def leasecore.Change) leasecore.Change {
+	if c := changeOf[change]; c != 0 {
+		return c
+	}
+	return def
+}
+
 var _ leasecore.Store = (*Store)(nil)
 
 // begin checks the store is open, and writable when write.

@@ -79,40 +79,30 @@ func (s *Store) applyLive(resource string, evs []*clientv3.Event) {
 			f.liveSeen = max(f.liveSeen, rev)
 		}
 		s.rev = max(s.rev, rev)
-		mine := s.isOwn(resource, rev)
+		mine := s.isOwn(resource, rev) // its call published it: apply only
 		s.mu.Unlock()
-		if mine {
-			if ev.Type == mvccpb.PUT {
-				if r, err := s.decode(ev.Kv, true); err == nil {
-					s.mu.Lock()
-					s.setLive(r)
-					s.mu.Unlock()
-				}
-			} else {
-				s.mu.Lock()
-				s.dropLive(resource, rev)
-				s.mu.Unlock()
-			}
-			s.notify(resource)
-			continue
-		}
 		if ev.Type == mvccpb.PUT {
 			r, err := s.decode(ev.Kv, true)
 			if err != nil {
 				continue
 			}
-			e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOf[r.change]}
-			if ev.IsCreate() {
-				e.Kind, e.Change = leasecore.EventReserved, leasecore.ChangeReserved
-			}
-			if e.Change == 0 {
-				e.Change = leasecore.ChangeRenewed
-			}
 			s.mu.Lock()
 			s.setLive(r)
-			e.Lease = r.l
-			s.fill(&e.Lease, s.durationOf(r))
-			s.feed.Publish(rev, e)
+			if !mine {
+				e := leasecore.Event{Kind: leasecore.EventChanged, Change: changeOr(r.change, leasecore.ChangeRenewed), Lease: r.l}
+				if ev.IsCreate() {
+					e.Kind, e.Change = leasecore.EventReserved, leasecore.ChangeReserved
+				}
+				s.fill(&e.Lease, s.durationOf(r))
+				s.feed.Publish(rev, e)
+			}
+			s.mu.Unlock()
+			s.notify(resource)
+			continue
+		}
+		if mine {
+			s.mu.Lock()
+			s.dropLive(resource, rev)
 			s.mu.Unlock()
 			s.notify(resource)
 			continue
@@ -136,6 +126,83 @@ func (s *Store) applyLive(resource string, evs []*clientv3.Event) {
 		s.mu.Unlock()
 		s.endedElsewhere(resource, prev, rev)
 	}
+}
+
+// endedElsewhere publishes the end of lease prev on resource, which the
+// watch (or a read after a compaction) showed gone at revision rev with
+// no end of this store's in flight. When the lease is this daemon's own
+// it finds out how it ended — its history record, or none when its etcd
+// lease expired, which it then records (abandoned), once — and publishes
+// that; another daemon's end is published as this store can tell it:
+// expired when its liveness rules already had the lease dead, else
+// released.
+func (s *Store) endedElsewhere(resource string, prev *rec, rev int64) {
+	s.mu.Lock()
+	k := s.known[prev.l.ID]
+	if k != nil {
+		k.goneAt = time.Now()
+	}
+	if k != nil && (k.lost || k.published) {
+		s.mu.Unlock()
+		return
+	}
+	if k != nil {
+		k.published = true
+	}
+	own := s.owns(prev) && !s.opts.ReadOnly
+	dead := s.deadReason(prev) != ""
+	s.mu.Unlock()
+	s.stopKeepAlive(prev.l.ID)
+	if own {
+		s.wg.Go(func() { s.recordOwnEnd(prev, rev) })
+		return
+	}
+	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeReleased, Lease: prev.l}
+	e.Lease.Status, e.Lease.ExpiresAt = leasecore.StatusComplete, time.Time{}
+	if dead {
+		e.Change, e.Lease.Status = leasecore.ChangeExpired, leasecore.StatusAbandoned
+	}
+	e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
+	s.mu.Lock()
+	if k != nil {
+		k.last = e.Lease
+	}
+	s.feed.Publish(rev, e)
+	s.mu.Unlock()
+	s.notify(resource)
+}
+
+// recordOwnEnd reads the history record of this daemon's lease prev,
+// whose live key went at revision rev by no end of this store's: another
+// mount's end wrote one, which is published; an expiry by its etcd lease
+// wrote none, and this store records it as abandoned (one transaction,
+// only if no record exists) and publishes that.
+func (s *Store) recordOwnEnd(prev *rec, rev int64) {
+	ctx, done := s.call(background(s.bg))
+	resp, err := s.cli.Get(ctx, s.k.history(prev.l.ID))
+	done()
+	e := leasecore.Event{Kind: leasecore.EventEnded, Change: leasecore.ChangeExpired}
+	if err == nil && len(resp.Kvs) > 0 {
+		if h, err := s.decode(resp.Kvs[0], false); err == nil {
+			e.Lease, e.Change = h.l, changeOr(h.change, leasecore.ChangeExpired)
+		}
+	}
+	if e.Lease.ID == "" {
+		e.Lease = prev.l
+		e.Lease.Status = leasecore.StatusAbandoned
+		e.Lease.CompletedAt = s.opts.Clock.Now().UTC()
+		e.Lease.ExpiresAt = time.Time{}
+		if err == nil {
+			s.writeExpired(prev, e.Lease)
+		}
+	}
+	s.mu.Lock()
+	if k := s.known[prev.l.ID]; k != nil {
+		k.last = e.Lease
+	}
+	s.feed.Publish(rev, e)
+	s.mu.Unlock()
+	s.notify(prev.l.Resource)
 }
 
 // writeExpired records lease l, whose live key its etcd lease's expiry
