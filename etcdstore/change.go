@@ -53,11 +53,7 @@ func (s *Store) end(ctx context.Context, r *rec, l leasecore.Lease, status lease
 	// name's watch skips it (see [Store.writeBegin]).
 	s.writeBegin(r.l.Resource)
 	var made int64
-	defer func() {
-		s.mu.Lock()
-		s.writeEnd(r.l.Resource, made)
-		s.mu.Unlock()
-	}()
+	defer func() { s.writeDone(r.l.Resource, made) }()
 	cctx, done := s.call(ctx)
 	start := time.Now()
 	resp, err := s.cli.Txn(cctx).
@@ -175,11 +171,7 @@ func (s *Store) put(ctx context.Context, r *rec, l leasecore.Lease, change strin
 	value := s.encode(l, r.hash, change, s.durationOf(r))
 	s.writeBegin(r.l.Resource)
 	var made int64
-	defer func() {
-		s.mu.Lock()
-		s.writeEnd(r.l.Resource, made)
-		s.mu.Unlock()
-	}()
+	defer func() { s.writeDone(r.l.Resource, made) }()
 	cctx, done := s.call(ctx)
 	start := time.Now()
 	resp, err := s.cli.Txn(cctx).

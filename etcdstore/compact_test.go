@@ -16,15 +16,8 @@ import (
 func TestCompactionPastANameReadsItAgain(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := context.Background()
-	open := func() *Store {
-		s, err := Open(ctx, []string{srv.Endpoint()}, "/compact", Options{Options: leasecore.Options{LeaseDuration: time.Hour}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	other, s := open(), open()
+	opts := Options{Options: leasecore.Options{LeaseDuration: time.Hour}}
+	other, s := openStore(t, srv, "/compact", opts), openStore(t, srv, "/compact", opts)
 	first, err := other.Reserve(ctx, leasecore.Draft{Resource: "x", HolderUID: 1000})
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,13 @@ func (s *Store) writeBegin(resource string) {
 	s.mu.Unlock()
 }
 
+// writeDone is writeEnd for a caller that does not hold mu.
+func (s *Store) writeDone(resource string, rev int64) {
+	s.mu.Lock()
+	s.writeEnd(resource, rev)
+	s.mu.Unlock()
+}
+
 // writeEnd closes a change that [Store.writeBegin] opened; rev, when not
 // 0, is the revision of the change it made and published. The caller
 // holds mu.

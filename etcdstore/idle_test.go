@@ -13,6 +13,17 @@ import (
 	"github.com/leasefs/leasefs/leasecore"
 )
 
+// openStore opens a store of srv on prefix, closed when t ends.
+func openStore(t *testing.T, srv *etcdtest.Server, prefix string, opts Options) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), []string{srv.Endpoint()}, prefix, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // TestIdleStoreHearsNothing: a store that follows no name (an idle mount)
 // hears none of the changes another store makes, holds none of its leases
 // in its view, and lets go of a name it looked up once nothing keeps it
@@ -20,15 +31,8 @@ import (
 func TestIdleStoreHearsNothing(t *testing.T) {
 	srv := etcdtest.Start(t)
 	ctx := context.Background()
-	open := func() *Store {
-		s, err := Open(ctx, []string{srv.Endpoint()}, "/idle", Options{Options: leasecore.Options{LeaseDuration: time.Minute}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}
-	busy, idle := open(), open()
+	opts := Options{Options: leasecore.Options{LeaseDuration: time.Minute}}
+	busy, idle := openStore(t, srv, "/idle", opts), openStore(t, srv, "/idle", opts)
 	held := make([]leasecore.Grant, 0, 50)
 	for i := range 50 {
 		name := fmt.Sprintf("n%d", i)

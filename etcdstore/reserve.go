@@ -215,11 +215,7 @@ func (s *Store) reserve(ctx context.Context, d leasecore.Draft, waiterKey string
 		}
 		// Until the reservation is in the view (and its event published,
 		// unless it is taken back), the name's watch waits.
-		endWrite := sync.OnceFunc(func() {
-			s.mu.Lock()
-			s.writeEnd(d.Resource, made)
-			s.mu.Unlock()
-		})
+		endWrite := sync.OnceFunc(func() { s.writeDone(d.Resource, made) })
 		if err != nil || !tresp.Succeeded {
 			endWrite()
 		}

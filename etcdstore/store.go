@@ -23,14 +23,17 @@
 // start), calls.go (bounding and failing cluster calls), reserve.go,
 // change.go (renew, end), read.go (what each read asks the cluster),
 // records.go (the record codec and the store's view of live leases),
-// watch.go (the watch that feeds that view and the change feed), queue.go
+// follow.go (the names a store follows, each on a watch of its own),
+// watch.go (the events of those watches, and the watch of namespaces),
+// echoes.go (the events of its own changes, and their echoes), queue.go
 // (Acquire's first come, first served queue), buckets.go (the etcd leases
 // of token leases), keepalive.go (the handle session), jeopardy.go,
 // known.go, reaper.go and namespaces.go.
 //
 // Reads follow docs/PROTOCOL.md §3: a lookup is one linearizable read; a
 // read through an open descriptor answers from the store's view, fed by
-// its own transactions, its watch and its keep-alives.
+// its own transactions, the watches of the names it follows and its
+// keep-alives.
 package etcdstore
 
 import (
